@@ -1,0 +1,91 @@
+# ngx_http_idempotency_module: build, run and test.  `make help` lists targets.
+# Recipes stay short; the logic lives in scripts/*.sh.
+
+NGINX_SRC     ?= /usr/share/nginx/src
+NGINX_BIN     ?= /usr/sbin/nginx
+CC_OPT        ?=
+LD_OPT        ?=
+PORT          ?= 8080
+UPSTREAM_PORT ?= 8081
+REDIS_PORT    ?= 6390
+TESTS         ?=
+PROVE_FLAGS   ?=
+export NGINX_SRC NGINX_BIN CC_OPT LD_OPT PORT UPSTREAM_PORT REDIS_PORT \
+       TESTS PROVE_FLAGS
+
+MODULE := build/ngx_http_idempotency_module.so
+
+# Packages scripts/setup.sh checks for (and installs) before anything is
+# built: what the requested goals need, so a fresh machine runs apt once.
+SETUP_SET := build
+ifneq ($(filter run,$(MAKECMDGOALS)),)
+SETUP_SET := run
+endif
+ifneq ($(filter test,$(MAKECMDGOALS)),)
+SETUP_SET := test
+endif
+ifneq ($(filter test-valgrind setup,$(MAKECMDGOALS)),)
+SETUP_SET := all
+endif
+
+.DEFAULT_GOAL := build
+.PHONY: build setup check-load check-example check-src \
+        run stop test test-valgrind clean help FORCE
+
+build: check-load
+
+check-load: $(MODULE)
+	@scripts/build.sh check-load
+
+# nginx's own Makefile knows when a .c or .h changed: always ask it
+# ('+': it is a sub-make and shares our -j).
+$(MODULE): build/objs/Makefile FORCE
+	+@scripts/build.sh module
+
+# configure again only when config, the Lua scripts or the nginx tree change
+# (config turns src/lua/*.lua into a C header at configure time).
+build/objs/Makefile: config $(wildcard src/lua/*.lua) build/nginx.sig
+	@scripts/build.sh configure
+
+build/nginx.sig: FORCE | setup
+	@scripts/build.sh signature
+
+setup:
+	@scripts/setup.sh $(SETUP_SET)
+
+check-example: build
+	@scripts/run.sh --check
+
+check-src:
+	@scripts/build.sh check-src
+
+run: build
+	@scripts/run.sh
+
+stop:
+	@scripts/stop.sh
+
+test: build check-example
+	@scripts/test.sh
+
+test-valgrind: build check-example
+	@scripts/test.sh --valgrind
+
+clean:
+	@scripts/stop.sh --quiet
+	rm -rf build t/servroot*
+
+help:
+	@echo 'make [build]        build build/ngx_http_idempotency_module.so and check it loads'
+	@echo '                    (NGINX_SRC=/path/to/nginx-1.22.1 for a plain source tree)'
+	@echo 'make setup          install the Debian packages everything needs (as root)'
+	@echo 'make run            demo: redis + nginx with examples/nginx.conf on'
+	@echo '                    127.0.0.1:$$PORT (8080); Ctrl-C or make stop ends it'
+	@echo 'make stop           stop what make run started'
+	@echo 'make test           unit tests (t/unit) and prove t/*.t; TESTS=t/x.t for a subset'
+	@echo 'make test-valgrind  the same with nginx under valgrind memcheck'
+	@echo 'make check-example  nginx -t on the rendered examples/nginx.conf'
+	@echo 'make check-src      verify the nginx-dev tree is unmodified'
+	@echo 'make clean          stop the demo, remove build/'
+
+FORCE:

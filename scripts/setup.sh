@@ -1,0 +1,83 @@
+#!/bin/sh
+# Install the Debian 12 packages needed to build, run and test the module.
+#
+#   scripts/setup.sh [build|run|test|valgrind|image|all]    (default: all)
+#
+# A quick no-op when everything is installed. Otherwise, as root, runs
+# apt-get update + install non-interactively and makes sure the services
+# that nginx's and redis-server's packages would start are not left running.
+set -eu
+. "$(dirname "$0")/lib.sh"
+
+build="gcc make libc6-dev dpkg-dev nginx nginx-dev libhiredis-dev libssl-dev
+       libpcre2-dev zlib1g-dev"
+run="redis-server redis-tools curl"
+test="perl libtest-base-perl libcmocka-dev python3"
+valgrind="valgrind"
+image="nginx libhiredis0.14 curl"   # the Docker image's runtime
+
+case ${1:-all} in
+    build)        want=$build ;;
+    run)          want="$build $run" ;;
+    test)         want="$build $run $test" ;;
+    valgrind|all) want="$build $run $test $valgrind" ;;
+    image)        want=$image ;;
+    *)            die "usage: $0 [build|run|test|valgrind|image|all]" ;;
+esac
+
+# missing_of PACKAGE...: prints those not installed (one dpkg-query call).
+missing_of() {
+    _ok=" $(dpkg-query -W -f='${Package}=${Status}\n' "$@" 2>/dev/null \
+        | sed -n 's/=install ok installed$//p' | tr '\n' ' ') "
+    for _p in "$@"; do
+        case $_ok in *" $_p "*) ;; *) printf ' %s' "$_p" ;; esac
+    done
+}
+
+missing=$(missing_of $want)
+[ -n "$missing" ] || exit 0
+
+apt="apt-get install -y --no-install-recommends$missing"
+if [ "$(id -u)" != 0 ]; then
+    die "missing packages:$missing
+Install them as root (or run 'sudo $0 ${1:-all}'):
+    apt-get update && $apt"
+fi
+
+echo "setup: installing$missing"
+export DEBIAN_FRONTEND=noninteractive
+
+# Package scripts start nginx (port 80) and redis-server (port 6379) unless
+# policy-rc.d says no. Docker images ship one; add ours when there is none.
+policy=/usr/sbin/policy-rc.d
+if [ ! -e $policy ]; then
+    printf '#!/bin/sh\n# added by scripts/setup.sh for its apt-get run\nexit 101\n' \
+        > $policy
+    chmod 755 $policy
+    trap 'rm -f $policy' EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+fi
+before=" $(pids_named nginx redis-server | tr '\n' ' ') "
+
+apt-get update
+apt-get install -y --no-install-recommends $missing
+
+# Whatever a package script still managed to start goes away again.
+new=
+for pid in $(pids_named nginx redis-server); do
+    case $before in *" $pid "*) ;; *) new="$new $pid" ;; esac
+done
+if [ -n "$new" ] && [ -d /run/systemd/system ]; then
+    systemctl stop nginx.service redis-server.service || true
+fi
+for pid in $new; do
+    kill -0 "$pid" 2>/dev/null || continue
+    echo "setup: stopping $(cat /proc/$pid/comm) (pid $pid)," \
+        "started by a package script"
+    stop_pid "$pid"
+done
+
+left=$(missing_of $want)
+[ -z "$left" ] || die "these packages did not install:$left"
+echo "setup: done"

@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# make test: unit tests (t/unit/*.c, cmocka), then prove over t/*.t against
+# build/ngx_http_idempotency_module.so and a private Redis.
+#
+#   scripts/test.sh [--valgrind]      TESTS="t/a.t t/b.t" runs a subset
+#
+# What a .t file can rely on (exported here):
+#   TEST_NGINX_REDIS_PORT    port of the private Redis on 127.0.0.1
+#   TEST_NGINX_REDIS_CTL     scripts/redis-ctl.sh (start|stop|kill|restart|cli)
+#   TEST_NGINX_REDIS_CONF    its configuration; TEST_NGINX_REDIS_PIDFILE its pid
+#   TEST_NGINX_LOAD_MODULES, TEST_NGINX_BINARY, TEST_NGINX_SERVROOT
+set -eu
+. "$(dirname "$0")/lib.sh"
+cd "$ROOT"
+
+valgrind=
+[ "${1:-}" = --valgrind ] && valgrind=yes
+out=$BUILD/test
+mkdir -p "$out"
+
+# Two runs in one checkout would share servroot and Redis: take turns.
+exec 9> "$out/lock"
+if ! flock -n 9; then
+    echo "test: waiting for another make test in this checkout"
+    flock 9
+fi
+
+# -I flags of the module build (nginx headers, src/, generated headers),
+# made absolute: nginx's Makefile names them relative to its tree.
+module_incs() {
+    make -s --no-print-directory -C "$BUILD/nginx-src" -f "$BUILD/objs/Makefile" \
+        --eval 'print-incs: ; @echo $(ALL_INCS)' print-incs \
+        | sed "s|-I \([^/]\)|-I $BUILD/nginx-src/\1|g"
+}
+
+# Each t/unit/NAME.c is linked with the module's pure sources into
+# build/unit/NAME and run. UNIT_SANITIZE= turns the sanitizers off.
+unit_tests() {
+    local t bin srcs=() incs
+    for t in src/ngx_http_idempotency_key.c src/ngx_http_idempotency_record.c; do
+        [ -f "$t" ] && srcs+=("$t")
+    done
+    incs=$(module_incs)
+    mkdir -p "$BUILD/unit"
+    for t in t/unit/*.c; do
+        bin=$BUILD/unit/$(basename "$t" .c)
+        # shellcheck disable=SC2086
+        if ! gcc -g -O1 -Wall -Wextra -Werror \
+                ${UNIT_SANITIZE--fsanitize=address,undefined -fno-sanitize-recover=all} \
+                $incs -o "$bin" "$t" "${srcs[@]}" -lcmocka; then
+            unit_failed="$unit_failed $t (build)"
+        elif ! "$bin"; then
+            unit_failed="$unit_failed $t"
+        fi
+    done
+}
+
+redis_conf() {
+    local port=${TEST_NGINX_REDIS_PORT:-$(free_port)}
+    port_free "$port" || die "port $port (TEST_NGINX_REDIS_PORT) is in use"
+    mkdir -p "$out/redis"
+    cat > "$out/redis.conf" <<CONF
+bind 127.0.0.1
+port $port
+daemonize yes
+pidfile $out/redis.pid
+logfile $out/redis.log
+dir $out/redis
+save ""
+appendonly no
+CONF
+    export TEST_NGINX_REDIS_PORT=$port
+}
+
+# Whatever happens (failure, Ctrl-C): no Redis and no test nginx left behind.
+cleanup() {
+    local pid
+    if pid=$(pid_of "$out/servroot/logs/nginx.pid" "$out/servroot/"); then
+        stop_pid "$pid"
+    fi
+    "$ROOT/scripts/redis-ctl.sh" stop
+}
+
+prove_tests() {
+    local tests inc=(-It/lib)
+    # shellcheck disable=SC2206 # TESTS: several names or globs
+    tests=(${TESTS:-t/*.t})
+    [ -e "${tests[0]}" ] || { echo "test: no tests in ${TESTS:-t/*.t}"; return 1; }
+
+    redis_conf
+    export TEST_NGINX_REDIS_CONF=$out/redis.conf
+    export TEST_NGINX_REDIS_PIDFILE=$out/redis.pid
+    export TEST_NGINX_REDIS_CTL=$ROOT/scripts/redis-ctl.sh
+    trap cleanup EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+    "$TEST_NGINX_REDIS_CTL" start 9>&- || return 1
+
+    export TEST_NGINX_BINARY=${NGINX_BIN:-/usr/sbin/nginx}
+    export TEST_NGINX_LOAD_MODULES=$BUILD/ngx_http_idempotency_module.so
+    export TEST_NGINX_SERVROOT=$out/servroot
+    export TEST_NGINX_NO_SHUFFLE=1
+    if [ -n "$valgrind" ]; then
+        export TEST_NGINX_USE_VALGRIND=1
+        export TEST_NGINX_VALGRIND_LOG=$out/valgrind.log
+        export TEST_NGINX_TIMEOUT=${TEST_NGINX_TIMEOUT:-20}
+        export TEST_NGINX_SLEEP=${TEST_NGINX_SLEEP:-0.2}
+        : > "$TEST_NGINX_VALGRIND_LOG"
+    fi
+    perl -MTest::Nginx::Socket -e1 2> /dev/null || inc+=(-It/runner)
+
+    # shellcheck disable=SC2086
+    prove "${inc[@]}" ${PROVE_FLAGS:-} "${tests[@]}" 9>&-
+}
+
+status=0
+unit_failed=
+if compgen -G 't/unit/*.c' > /dev/null; then
+    unit_tests
+fi
+prove_tests || status=1
+if [ -n "$unit_failed" ]; then
+    echo "test: unit tests failed:$unit_failed" >&2
+    status=1
+fi
+if [ -n "$valgrind" ]; then
+    scripts/valgrind-check.sh "$out/valgrind.log" || status=1
+fi
+exit $status

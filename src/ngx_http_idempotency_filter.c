@@ -1,0 +1,501 @@
+/*
+ * Capture of a claimed request's response as it streams to the client, and
+ * settling the claim when the response ends: store, release or keep.
+ */
+
+#include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_record.h"
+
+
+static ngx_int_t ngx_http_idempotency_header_filter(ngx_http_request_t *r);
+static ngx_int_t ngx_http_idempotency_body_filter(ngx_http_request_t *r,
+    ngx_chain_t *in);
+static ngx_int_t ngx_http_idempotency_snapshot(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+static ngx_uint_t ngx_http_idempotency_stored_header(ngx_table_elt_t *h);
+static ngx_int_t ngx_http_idempotency_capture(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_buf_t *b);
+static void ngx_http_idempotency_settle_handler(void *data, redisReply *reply,
+    ngx_uint_t rc);
+
+
+static ngx_http_output_header_filter_pt  ngx_http_next_header_filter;
+static ngx_http_output_body_filter_pt    ngx_http_next_body_filter;
+
+
+/* never replayed: hop-by-hop, regenerated, or per-client headers */
+
+static ngx_str_t  ngx_http_idempotency_skip_headers[] = {
+    ngx_string("Connection"),
+    ngx_string("Keep-Alive"),
+    ngx_string("Proxy-Authenticate"),
+    ngx_string("Proxy-Authorization"),
+    ngx_string("Proxy-Connection"),
+    ngx_string("TE"),
+    ngx_string("Trailer"),
+    ngx_string("Transfer-Encoding"),
+    ngx_string("Upgrade"),
+    ngx_string("Date"),
+    ngx_string("Server"),
+    ngx_string("Set-Cookie"),
+    ngx_string("Content-Length"),
+    ngx_string("Content-Type"),
+    ngx_string("Idempotent-Replayed"),
+    ngx_null_string
+};
+
+
+ngx_int_t
+ngx_http_idempotency_filter_init(ngx_conf_t *cf)
+{
+    ngx_http_next_header_filter = ngx_http_top_header_filter;
+    ngx_http_top_header_filter = ngx_http_idempotency_header_filter;
+
+    ngx_http_next_body_filter = ngx_http_top_body_filter;
+    ngx_http_top_body_filter = ngx_http_idempotency_body_filter;
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_idempotency_header_filter(ngx_http_request_t *r)
+{
+    ngx_http_idempotency_ctx_t  *ctx;
+
+    if (r != r->main) {
+        return ngx_http_next_header_filter(r);
+    }
+
+    ctx = ngx_http_idempotency_get_ctx(r);
+
+    if (ctx == NULL || ctx->state != NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED
+        || ctx->header_seen)
+    {
+        return ngx_http_next_header_filter(r);
+    }
+
+    ctx->header_seen = 1;
+    ctx->status = r->headers_out.status;
+
+    /* an error_page response stands for a failure, whatever its status */
+
+    if (r->error_page
+        || !ngx_http_idempotency_status_storable(ctx->conf, ctx->status))
+    {
+        ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                       "idempotency: status %ui%s is not stored",
+                       ctx->status, r->error_page ? " (error_page)" : "");
+
+        ctx->release = 1;
+        return ngx_http_next_header_filter(r);
+    }
+
+    if (r->headers_out.content_length_n > 0
+        && (size_t) r->headers_out.content_length_n
+           > ctx->conf->max_response_size)
+    {
+        ctx->oversize = 1;
+        return ngx_http_next_header_filter(r);
+    }
+
+    if (ngx_http_idempotency_snapshot(r, ctx) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    if (r->headers_out.content_length_n > 0) {
+        ctx->body_size = r->headers_out.content_length_n;
+        ctx->body = ngx_palloc(r->pool, ctx->body_size);
+        if (ctx->body == NULL) {
+            return NGX_ERROR;
+        }
+    }
+
+    ctx->capture = 1;
+
+    /* file buffers (proxy temp files) are read into memory for us */
+
+    r->filter_need_in_memory = 1;
+
+    return ngx_http_next_header_filter(r);
+}
+
+
+/* status and end-to-end headers as "Name: value\r\n" lines */
+
+static ngx_int_t
+ngx_http_idempotency_snapshot(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx)
+{
+    u_char           *p;
+    size_t            len;
+    ngx_str_t         ct;
+    ngx_uint_t        i;
+    ngx_list_part_t  *part;
+    ngx_table_elt_t  *h;
+    u_char            lm[sizeof("Mon, 28 Sep 1970 06:00:00 GMT")];
+
+    ct = r->headers_out.content_type;
+
+    if (ct.len && r->headers_out.content_type_len == ct.len
+        && r->headers_out.charset.len)
+    {
+        len = ct.len + sizeof("; charset=") - 1 + r->headers_out.charset.len;
+
+        p = ngx_pnalloc(r->pool, len);
+        if (p == NULL) {
+            return NGX_ERROR;
+        }
+
+        ct.data = p;
+        p = ngx_cpymem(p, r->headers_out.content_type.data,
+                       r->headers_out.content_type.len);
+        p = ngx_cpymem(p, "; charset=", sizeof("; charset=") - 1);
+        p = ngx_cpymem(p, r->headers_out.charset.data,
+                       r->headers_out.charset.len);
+        ct.len = p - ct.data;
+    }
+
+    len = 0;
+
+    if (ct.len) {
+        len += ngx_http_idempotency_record_header_size(
+                                   sizeof("Content-Type") - 1, ct.len);
+    }
+
+    /* a static file has its date here, not in the list */
+
+    if (r->headers_out.last_modified == NULL
+        && r->headers_out.last_modified_time != -1)
+    {
+        len += ngx_http_idempotency_record_header_size(
+                        sizeof("Last-Modified") - 1, sizeof(lm) - 1);
+    }
+
+    part = &r->headers_out.headers.part;
+    h = part->elts;
+
+    for (i = 0; /* void */ ; i++) {
+
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                break;
+            }
+
+            part = part->next;
+            h = part->elts;
+            i = 0;
+        }
+
+        if (ngx_http_idempotency_stored_header(&h[i])) {
+            len += ngx_http_idempotency_record_header_size(h[i].key.len,
+                                                           h[i].value.len);
+        }
+    }
+
+    p = ngx_pnalloc(r->pool, len);
+    if (p == NULL) {
+        return NGX_ERROR;
+    }
+
+    ctx->headers.data = p;
+
+    if (ct.len) {
+        p = ngx_http_idempotency_record_write_header(p,
+                                   (u_char *) "Content-Type",
+                                   sizeof("Content-Type") - 1,
+                                   ct.data, ct.len);
+    }
+
+    if (r->headers_out.last_modified == NULL
+        && r->headers_out.last_modified_time != -1)
+    {
+        (void) ngx_http_time(lm, r->headers_out.last_modified_time);
+
+        p = ngx_http_idempotency_record_write_header(p,
+                                   (u_char *) "Last-Modified",
+                                   sizeof("Last-Modified") - 1,
+                                   lm, sizeof(lm) - 1);
+    }
+
+    part = &r->headers_out.headers.part;
+    h = part->elts;
+
+    for (i = 0; /* void */ ; i++) {
+
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                break;
+            }
+
+            part = part->next;
+            h = part->elts;
+            i = 0;
+        }
+
+        if (ngx_http_idempotency_stored_header(&h[i])) {
+            p = ngx_http_idempotency_record_write_header(p,
+                                   h[i].key.data, h[i].key.len,
+                                   h[i].value.data, h[i].value.len);
+        }
+    }
+
+    ctx->headers.len = p - ctx->headers.data;
+
+    return NGX_OK;
+}
+
+
+static ngx_uint_t
+ngx_http_idempotency_stored_header(ngx_table_elt_t *h)
+{
+    ngx_str_t  *name;
+
+    if (h->hash == 0) {
+        return 0;
+    }
+
+    for (name = ngx_http_idempotency_skip_headers; name->len; name++) {
+        if (h->key.len == name->len
+            && ngx_strncasecmp(h->key.data, name->data, name->len) == 0)
+        {
+            return 0;
+        }
+    }
+
+    return 1;
+}
+
+
+static ngx_int_t
+ngx_http_idempotency_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
+{
+    ngx_chain_t                 *cl;
+    ngx_http_idempotency_ctx_t  *ctx;
+
+    if (in == NULL || r != r->main) {
+        return ngx_http_next_body_filter(r, in);
+    }
+
+    ctx = ngx_http_idempotency_get_ctx(r);
+
+    if (ctx == NULL || ctx->state != NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED
+        || !ctx->header_seen)
+    {
+        return ngx_http_next_body_filter(r, in);
+    }
+
+    for (cl = in; cl; cl = cl->next) {
+
+        if (ctx->capture
+            && ngx_http_idempotency_capture(r, ctx, cl->buf) != NGX_OK)
+        {
+            return NGX_ERROR;
+        }
+
+        if (cl->buf->last_buf) {
+            ctx->complete = 1;
+        }
+    }
+
+    /* the client is never held back: the store goes out as we pass on */
+
+    if (ctx->complete) {
+        ngx_http_idempotency_settle(ctx);
+    }
+
+    return ngx_http_next_body_filter(r, in);
+}
+
+
+static ngx_int_t
+ngx_http_idempotency_capture(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_buf_t *b)
+{
+    u_char  *p;
+    size_t   len, size;
+
+    if (ngx_buf_special(b)) {
+        return NGX_OK;
+    }
+
+    if (!ngx_buf_in_memory(b)) {
+        ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
+                      "idempotency: response of \"%V\" is not in memory, "
+                      "stored as not replayable", &ctx->rkey);
+        ctx->capture = 0;
+        ctx->oversize = 1;
+        return NGX_OK;
+    }
+
+    len = b->last - b->pos;
+
+    if (len == 0) {
+        return NGX_OK;
+    }
+
+    if (ctx->body_len + len > ctx->conf->max_response_size) {
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "idempotency: response of \"%V\" is larger than "
+                      "idempotency_max_response_size %uz, "
+                      "stored as not replayable",
+                      &ctx->rkey, ctx->conf->max_response_size);
+        ctx->capture = 0;
+        ctx->oversize = 1;
+        return NGX_OK;
+    }
+
+    if (ctx->body_len + len > ctx->body_size) {
+        size = ngx_max(ctx->body_size * 2, ctx->body_len + len);
+        size = ngx_max(size, 4096);
+        size = ngx_min(size, ctx->conf->max_response_size);
+
+        p = ngx_palloc(r->pool, size);
+        if (p == NULL) {
+            return NGX_ERROR;
+        }
+
+        if (ctx->body_len) {
+            ngx_memcpy(p, ctx->body, ctx->body_len);
+        }
+
+        if (ctx->body) {
+            ngx_pfree(r->pool, ctx->body);
+        }
+
+        ctx->body = p;
+        ctx->body_size = size;
+    }
+
+    ngx_memcpy(ctx->body + ctx->body_len, b->pos, len);
+    ctx->body_len += len;
+
+    return NGX_OK;
+}
+
+
+/*
+ * Called when the response has gone through, and from the request's
+ * cleanup; it acts once.  A response that is not stored releases the claim
+ * so that a retry runs; one that ended before it was complete (client gone,
+ * upstream cut off) keeps the claim until the lock TTL, because the
+ * operation may have run.
+ */
+
+void
+ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx)
+{
+    u_char                             *p;
+    ngx_str_t                           args[6], *key;
+    ngx_uint_t                          script, nargs;
+    ngx_http_request_t                 *r;
+    ngx_http_idempotency_redis_op_t    *op;
+    ngx_http_idempotency_loc_conf_t    *ilcf;
+    u_char                              status[NGX_INT_T_LEN];
+    u_char                              ttl[NGX_INT_T_LEN];
+
+    if (ctx->state != NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED) {
+        return;
+    }
+
+    ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_SETTLED;
+
+    r = ctx->request;
+    ilcf = ctx->conf;
+
+    if (!ctx->release && !ctx->complete) {
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "idempotency: response of \"%V\" did not complete, "
+                      "the claim is kept until idempotency_lock_ttl ends",
+                      &ctx->rkey);
+        return;
+    }
+
+    args[0].data = ctx->owner;
+    args[0].len = sizeof(ctx->owner);
+
+    if (ctx->release) {
+        script = NGX_HTTP_IDEMPOTENCY_SCRIPT_RELEASE;
+        nargs = 1;
+
+    } else {
+        script = NGX_HTTP_IDEMPOTENCY_SCRIPT_STORE;
+        nargs = 6;
+
+        if (ctx->oversize) {
+            ngx_str_set(&args[1], "oversize");
+            ngx_str_null(&args[3]);
+            ngx_str_null(&args[4]);
+
+        } else {
+            ngx_str_set(&args[1], "done");
+            args[3] = ctx->headers;
+            args[4].data = ctx->body;
+            args[4].len = ctx->body_len;
+        }
+
+        args[2].data = status;
+        args[2].len = ngx_sprintf(status, "%03ui", ctx->status) - status;
+        args[5].data = ttl;
+        args[5].len = ngx_sprintf(ttl, "%M", ilcf->ttl) - ttl;
+    }
+
+    /* the request may be gone when the reply comes: keep a copy to log */
+
+    key = ngx_alloc(sizeof(ngx_str_t) + ctx->rkey.len, r->connection->log);
+    if (key == NULL) {
+        return;
+    }
+
+    p = (u_char *) key + sizeof(ngx_str_t);
+    key->data = p;
+    key->len = ctx->rkey.len;
+    ngx_memcpy(p, ctx->rkey.data, ctx->rkey.len);
+
+    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "idempotency %s \"%V\"",
+                   script == NGX_HTTP_IDEMPOTENCY_SCRIPT_RELEASE
+                   ? "release" : "store", &ctx->rkey);
+
+    op = ngx_http_idempotency_redis_script(ilcf->redis, script, &ctx->rkey,
+                                           args, nargs,
+                                           ngx_http_idempotency_settle_handler,
+                                           key, r->connection->log);
+    if (op == NULL) {
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "idempotency: cannot reach Redis to %s \"%V\", "
+                      "the claim stays until idempotency_lock_ttl ends",
+                      script == NGX_HTTP_IDEMPOTENCY_SCRIPT_RELEASE
+                      ? "release" : "store", &ctx->rkey);
+        ngx_free(key);
+    }
+}
+
+
+static void
+ngx_http_idempotency_settle_handler(void *data, redisReply *reply,
+    ngx_uint_t rc)
+{
+    ngx_str_t *key = data;
+
+    if (rc != NGX_HTTP_IDEMPOTENCY_REDIS_OK) {
+        ngx_log_error(NGX_LOG_ERR, ngx_cycle->log, 0,
+                      "idempotency: Redis %s while settling \"%V\", "
+                      "the claim stays until idempotency_lock_ttl ends",
+                      rc == NGX_HTTP_IDEMPOTENCY_REDIS_TIMEOUT
+                      ? "timed out" : "failed", key);
+
+    } else if (reply->type == REDIS_REPLY_ERROR) {
+        ngx_log_error(NGX_LOG_ERR, ngx_cycle->log, 0,
+                      "idempotency: Redis error while settling \"%V\": %*s",
+                      key, (size_t) reply->len, reply->str);
+
+    } else if (reply->type == REDIS_REPLY_INTEGER && reply->integer == 0) {
+        ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0,
+                      "idempotency: the claim on \"%V\" was lost (its "
+                      "idempotency_lock_ttl ended before the response), "
+                      "the response was not stored", key);
+    }
+
+    ngx_free(key);
+}

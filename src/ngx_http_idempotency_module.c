@@ -1,0 +1,1022 @@
+/*
+ * ngx_http_idempotency_module: directives, configuration and module glue.
+ */
+
+#include "ngx_http_idempotency_module.h"
+
+
+static ngx_int_t ngx_http_idempotency_init(ngx_conf_t *cf);
+static void *ngx_http_idempotency_create_main_conf(ngx_conf_t *cf);
+static void *ngx_http_idempotency_create_loc_conf(ngx_conf_t *cf);
+static char *ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent,
+    void *child);
+static ngx_int_t ngx_http_idempotency_init_process(ngx_cycle_t *cycle);
+static void ngx_http_idempotency_exit_process(ngx_cycle_t *cycle);
+
+static char *ngx_http_idempotency_enable(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+static char *ngx_http_idempotency_redis(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+static char *ngx_http_idempotency_redis_address(ngx_conf_t *cf,
+    ngx_command_t *cmd, ngx_http_idempotency_redis_conf_t *rcf,
+    ngx_str_t *value);
+static char *ngx_http_idempotency_redis_option(ngx_conf_t *cf,
+    ngx_command_t *cmd, ngx_http_idempotency_redis_conf_t *rcf,
+    ngx_str_t *value);
+static char *ngx_http_idempotency_time(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+static char *ngx_http_idempotency_methods(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+static char *ngx_http_idempotency_header(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+static char *ngx_http_idempotency_size(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+static char *ngx_http_idempotency_on_store_error(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
+static char *ngx_http_idempotency_store_status(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
+static char *ngx_http_idempotency_store_status_parse(ngx_conf_t *cf,
+    ngx_command_t *cmd, ngx_http_idempotency_loc_conf_t *ilcf,
+    ngx_str_t *value);
+
+
+#define NGX_HTTP_IDEMPOTENCY_STATUS_BYTES  (NGX_HTTP_IDEMPOTENCY_STATUS_MAX / 8)
+
+
+static ngx_conf_bitmask_t  ngx_http_idempotency_methods_mask[] = {
+    { ngx_string("GET"), NGX_HTTP_GET },
+    { ngx_string("HEAD"), NGX_HTTP_HEAD },
+    { ngx_string("POST"), NGX_HTTP_POST },
+    { ngx_string("PUT"), NGX_HTTP_PUT },
+    { ngx_string("DELETE"), NGX_HTTP_DELETE },
+    { ngx_string("PATCH"), NGX_HTTP_PATCH },
+    { ngx_string("OPTIONS"), NGX_HTTP_OPTIONS },
+    { ngx_null_string, 0 }
+};
+
+
+static ngx_conf_enum_t  ngx_http_idempotency_on_store_error_enum[] = {
+    { ngx_string("closed"), NGX_HTTP_IDEMPOTENCY_STORE_ERROR_CLOSED },
+    { ngx_string("open"), NGX_HTTP_IDEMPOTENCY_STORE_ERROR_OPEN },
+    { ngx_null_string, 0 }
+};
+
+
+static ngx_command_t  ngx_http_idempotency_commands[] = {
+
+    { ngx_string("idempotency"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_FLAG,
+      ngx_http_idempotency_enable,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idempotency_loc_conf_t, enable),
+      NULL },
+
+    { ngx_string("idempotency_redis"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_1MORE,
+      ngx_http_idempotency_redis,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("idempotency_ttl"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_idempotency_time,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idempotency_loc_conf_t, ttl),
+      NULL },
+
+    { ngx_string("idempotency_lock_ttl"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_idempotency_time,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idempotency_loc_conf_t, lock_ttl),
+      NULL },
+
+    { ngx_string("idempotency_methods"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_1MORE,
+      ngx_http_idempotency_methods,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idempotency_loc_conf_t, methods),
+      NULL },
+
+    { ngx_string("idempotency_required"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_FLAG,
+      ngx_conf_set_flag_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idempotency_loc_conf_t, required),
+      NULL },
+
+    { ngx_string("idempotency_scope"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_set_complex_value_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idempotency_loc_conf_t, scope),
+      NULL },
+
+    { ngx_string("idempotency_header"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_idempotency_header,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("idempotency_wait"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_idempotency_time,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idempotency_loc_conf_t, wait),
+      NULL },
+
+    { ngx_string("idempotency_max_response_size"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_idempotency_size,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idempotency_loc_conf_t, max_response_size),
+      NULL },
+
+    { ngx_string("idempotency_on_store_error"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_idempotency_on_store_error,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idempotency_loc_conf_t, on_store_error),
+      &ngx_http_idempotency_on_store_error_enum },
+
+    { ngx_string("idempotency_store_status"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_1MORE,
+      ngx_http_idempotency_store_status,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
+      ngx_null_command
+};
+
+
+static ngx_http_module_t  ngx_http_idempotency_module_ctx = {
+    ngx_http_idempotency_add_variables,    /* preconfiguration */
+    ngx_http_idempotency_init,             /* postconfiguration */
+
+    ngx_http_idempotency_create_main_conf, /* create main configuration */
+    NULL,                                  /* init main configuration */
+
+    NULL,                                  /* create server configuration */
+    NULL,                                  /* merge server configuration */
+
+    ngx_http_idempotency_create_loc_conf,  /* create location configuration */
+    ngx_http_idempotency_merge_loc_conf    /* merge location configuration */
+};
+
+
+ngx_module_t  ngx_http_idempotency_module = {
+    NGX_MODULE_V1,
+    &ngx_http_idempotency_module_ctx,      /* module context */
+    ngx_http_idempotency_commands,         /* module directives */
+    NGX_HTTP_MODULE,                       /* module type */
+    NULL,                                  /* init master */
+    NULL,                                  /* init module */
+    ngx_http_idempotency_init_process,     /* init process */
+    NULL,                                  /* init thread */
+    NULL,                                  /* exit thread */
+    ngx_http_idempotency_exit_process,     /* exit process */
+    NULL,                                  /* exit master */
+    NGX_MODULE_V1_PADDING
+};
+
+
+/* every status but 5xx and 408, 409, 425, 429 */
+static ngx_str_t  ngx_http_idempotency_default_store_status[] = {
+    ngx_string("1xx"), ngx_string("2xx"), ngx_string("3xx"),
+    ngx_string("4xx"), ngx_string("!408"), ngx_string("!409"),
+    ngx_string("!425"), ngx_string("!429")
+};
+
+
+static ngx_int_t
+ngx_http_idempotency_init(ngx_conf_t *cf)
+{
+    ngx_http_handler_pt               *h;
+    ngx_http_core_main_conf_t         *cmcf;
+    ngx_http_idempotency_main_conf_t  *imcf;
+
+    imcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_idempotency_module);
+
+    if (!imcf->used) {
+        return NGX_OK;
+    }
+
+    /*
+     * The pre-content phase runs after the whole access phase, so a stored
+     * response is never served to a request that allow/deny, auth_basic,
+     * auth_request or satisfy would refuse, and our handler can never count
+     * as an access grant under "satisfy any".
+     */
+
+    cmcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_core_module);
+
+    h = ngx_array_push(&cmcf->phases[NGX_HTTP_PRECONTENT_PHASE].handlers);
+    if (h == NULL) {
+        return NGX_ERROR;
+    }
+
+    *h = ngx_http_idempotency_handler;
+
+    return ngx_http_idempotency_filter_init(cf);
+}
+
+
+static void *
+ngx_http_idempotency_create_main_conf(ngx_conf_t *cf)
+{
+    ngx_http_idempotency_main_conf_t  *imcf;
+
+    imcf = ngx_pcalloc(cf->pool, sizeof(ngx_http_idempotency_main_conf_t));
+    if (imcf == NULL) {
+        return NULL;
+    }
+
+    if (ngx_array_init(&imcf->redis, cf->pool, 1,
+                       sizeof(ngx_http_idempotency_redis_conf_t *))
+        != NGX_OK)
+    {
+        return NULL;
+    }
+
+    return imcf;
+}
+
+
+static void *
+ngx_http_idempotency_create_loc_conf(ngx_conf_t *cf)
+{
+    ngx_http_idempotency_loc_conf_t  *ilcf;
+
+    ilcf = ngx_pcalloc(cf->pool, sizeof(ngx_http_idempotency_loc_conf_t));
+    if (ilcf == NULL) {
+        return NULL;
+    }
+
+    /*
+     * set by ngx_pcalloc():
+     *
+     *     ilcf->methods = 0;
+     *     ilcf->header = { 0, NULL };
+     *     ilcf->store_status = NULL;
+     */
+
+    ilcf->enable = NGX_CONF_UNSET;
+    ilcf->redis = NGX_CONF_UNSET_PTR;
+    ilcf->ttl = NGX_CONF_UNSET_MSEC;
+    ilcf->lock_ttl = NGX_CONF_UNSET_MSEC;
+    ilcf->required = NGX_CONF_UNSET;
+    ilcf->scope = NGX_CONF_UNSET_PTR;
+    ilcf->wait = NGX_CONF_UNSET_MSEC;
+    ilcf->max_response_size = NGX_CONF_UNSET_SIZE;
+    ilcf->on_store_error = NGX_CONF_UNSET_UINT;
+
+    return ilcf;
+}
+
+
+static char *
+ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
+{
+    ngx_http_idempotency_loc_conf_t *prev = parent;
+    ngx_http_idempotency_loc_conf_t *conf = child;
+
+    ngx_str_t                          header = ngx_string("Idempotency-Key");
+    ngx_uint_t                         i, n;
+    ngx_command_t                      cmd;
+    ngx_http_compile_complex_value_t   ccv;
+
+    ngx_conf_merge_value(conf->enable, prev->enable, 0);
+    ngx_conf_merge_ptr_value(conf->redis, prev->redis, NULL);
+    ngx_conf_merge_msec_value(conf->ttl, prev->ttl, 86400000);
+    ngx_conf_merge_msec_value(conf->lock_ttl, prev->lock_ttl, 60000);
+    ngx_conf_merge_bitmask_value(conf->methods, prev->methods,
+                                 (NGX_CONF_BITMASK_SET
+                                  |NGX_HTTP_POST|NGX_HTTP_PATCH));
+    ngx_conf_merge_value(conf->required, prev->required, 0);
+    ngx_conf_merge_msec_value(conf->wait, prev->wait, 0);
+    ngx_conf_merge_size_value(conf->max_response_size,
+                              prev->max_response_size, 1024 * 1024);
+    ngx_conf_merge_uint_value(conf->on_store_error, prev->on_store_error,
+                              NGX_HTTP_IDEMPOTENCY_STORE_ERROR_CLOSED);
+
+    if (conf->header.data == NULL) {
+        if (prev->header.data == NULL) {
+            prev->header = header;
+            prev->header_lc.len = header.len;
+            prev->header_lc.data = ngx_pnalloc(cf->pool, header.len);
+            if (prev->header_lc.data == NULL) {
+                return NGX_CONF_ERROR;
+            }
+
+            prev->header_hash = ngx_hash_strlow(prev->header_lc.data,
+                                                header.data, header.len);
+        }
+
+        conf->header = prev->header;
+        conf->header_lc = prev->header_lc;
+        conf->header_hash = prev->header_hash;
+    }
+
+    if (conf->scope == NGX_CONF_UNSET_PTR) {
+        if (prev->scope == NGX_CONF_UNSET_PTR) {
+            prev->scope = ngx_palloc(cf->pool,
+                                     sizeof(ngx_http_complex_value_t));
+            if (prev->scope == NULL) {
+                return NGX_CONF_ERROR;
+            }
+
+            ngx_memzero(&ccv, sizeof(ngx_http_compile_complex_value_t));
+
+            ngx_str_set(&header, "$http_authorization");
+            ccv.cf = cf;
+            ccv.value = &header;
+            ccv.complex_value = prev->scope;
+
+            if (ngx_http_compile_complex_value(&ccv) != NGX_OK) {
+                return NGX_CONF_ERROR;
+            }
+        }
+
+        conf->scope = prev->scope;
+    }
+
+    if (conf->store_status == NULL) {
+        if (prev->store_status == NULL) {
+            n = sizeof(ngx_http_idempotency_default_store_status)
+                / sizeof(ngx_str_t);
+
+            ngx_memzero(&cmd, sizeof(ngx_command_t));
+            ngx_str_set(&cmd.name, "idempotency_store_status");
+
+            for (i = 0; i < n; i++) {
+                if (ngx_http_idempotency_store_status_parse(cf, &cmd, prev,
+                         &ngx_http_idempotency_default_store_status[i])
+                    != NGX_CONF_OK)
+                {
+                    return NGX_CONF_ERROR;
+                }
+            }
+        }
+
+        conf->store_status = prev->store_status;
+    }
+
+    if (conf->enable && conf->redis == NULL) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"idempotency\" is on but no "
+                           "\"idempotency_redis\" is defined for it");
+        return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+static ngx_int_t
+ngx_http_idempotency_init_process(ngx_cycle_t *cycle)
+{
+    return ngx_http_idempotency_redis_init_process(cycle);
+}
+
+
+static void
+ngx_http_idempotency_exit_process(ngx_cycle_t *cycle)
+{
+    ngx_http_idempotency_redis_exit_process(cycle);
+}
+
+
+static char *
+ngx_http_idempotency_enable(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_idempotency_loc_conf_t *ilcf = conf;
+
+    char                              *rv;
+    ngx_http_idempotency_main_conf_t  *imcf;
+
+    rv = ngx_conf_set_flag_slot(cf, cmd, conf);
+    if (rv != NGX_CONF_OK) {
+        return rv;
+    }
+
+    if (ilcf->enable) {
+        imcf = ngx_http_conf_get_module_main_conf(cf,
+                                                  ngx_http_idempotency_module);
+        imcf->used = 1;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+static char *
+ngx_http_idempotency_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_idempotency_loc_conf_t *ilcf = conf;
+
+    char                               *rv;
+    u_char                             *p;
+    size_t                              len;
+    ngx_str_t                          *value;
+    ngx_uint_t                          i;
+    ngx_http_idempotency_redis_conf_t  *rcf, **rcfp;
+    ngx_http_idempotency_main_conf_t   *imcf;
+
+    if (ilcf->redis != NGX_CONF_UNSET_PTR) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    len = 0;
+    for (i = 1; i < cf->args->nelts; i++) {
+        len += value[i].len + 1;
+    }
+
+    p = ngx_pnalloc(cf->pool, len);
+    if (p == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    len = 0;
+    for (i = 1; i < cf->args->nelts; i++) {
+        if (i > 1) {
+            p[len++] = ' ';
+        }
+
+        len = ngx_cpymem(p + len, value[i].data, value[i].len) - p;
+    }
+
+    /* identical directives share one per-worker connection */
+
+    imcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_idempotency_module);
+
+    rcfp = imcf->redis.elts;
+    for (i = 0; i < imcf->redis.nelts; i++) {
+        if (rcfp[i]->text.len == len
+            && ngx_strncmp(rcfp[i]->text.data, p, len) == 0)
+        {
+            ilcf->redis = rcfp[i];
+            return NGX_CONF_OK;
+        }
+    }
+
+    rcf = ngx_pcalloc(cf->pool, sizeof(ngx_http_idempotency_redis_conf_t));
+    if (rcf == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    rcf->text.data = p;
+    rcf->text.len = len;
+    rcf->mode = NGX_HTTP_IDEMPOTENCY_REDIS_SINGLE;
+    rcf->db = -1;
+    rcf->connect_timeout = 1000;
+    rcf->timeout = 1000;
+    ngx_str_set(&rcf->prefix, "idem:");
+
+    if (ngx_array_init(&rcf->addrs, cf->pool, 1, sizeof(ngx_addr_t))
+        != NGX_OK)
+    {
+        return NGX_CONF_ERROR;
+    }
+
+    for (i = 1; i < cf->args->nelts; i++) {
+
+        if (ngx_strlchr(value[i].data, value[i].data + value[i].len, '=')
+            != NULL
+            || ngx_strcmp(value[i].data, "cluster") == 0)
+        {
+            rv = ngx_http_idempotency_redis_option(cf, cmd, rcf, &value[i]);
+
+        } else {
+            rv = ngx_http_idempotency_redis_address(cf, cmd, rcf, &value[i]);
+        }
+
+        if (rv != NGX_CONF_OK) {
+            return rv;
+        }
+    }
+
+    if (rcf->addrs.nelts == 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "no address in \"%V\" directive", &cmd->name);
+        return NGX_CONF_ERROR;
+    }
+
+    if (rcf->mode == NGX_HTTP_IDEMPOTENCY_REDIS_SINGLE
+        && rcf->addrs.nelts > 1)
+    {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "several addresses in \"%V\" directive need "
+                           "\"cluster\" or \"sentinel=\"", &cmd->name);
+        return NGX_CONF_ERROR;
+    }
+
+    if (rcf->mode != NGX_HTTP_IDEMPOTENCY_REDIS_SINGLE) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"%V\" directive: Redis %s is not supported "
+                           "by this version of the module yet",
+                           &cmd->name,
+                           rcf->mode == NGX_HTTP_IDEMPOTENCY_REDIS_CLUSTER
+                           ? "Cluster" : "Sentinel");
+        return NGX_CONF_ERROR;
+    }
+
+    if (rcf->user.len && rcf->password.len == 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"%V\" directive: \"user=\" needs \"password=\"",
+                           &cmd->name);
+        return NGX_CONF_ERROR;
+    }
+
+    rcfp = ngx_array_push(&imcf->redis);
+    if (rcfp == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    *rcfp = rcf;
+    ilcf->redis = rcf;
+
+    return NGX_CONF_OK;
+}
+
+
+static char *
+ngx_http_idempotency_redis_address(ngx_conf_t *cf, ngx_command_t *cmd,
+    ngx_http_idempotency_redis_conf_t *rcf, ngx_str_t *value)
+{
+    u_char      *p;
+    ngx_url_t    u;
+    ngx_addr_t  *addr;
+
+    ngx_memzero(&u, sizeof(ngx_url_t));
+
+    u.url = *value;
+    u.default_port = 6379;
+
+    /* a host name is resolved here, never in a worker */
+
+    if (ngx_parse_url(cf->pool, &u) != NGX_OK) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "%s in Redis address \"%V\" of \"%V\" directive",
+                           u.err ? u.err : "invalid address", value,
+                           &cmd->name);
+        return NGX_CONF_ERROR;
+    }
+
+    if (u.naddrs == 0 || u.addrs == NULL) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "no address for Redis \"%V\" of \"%V\" directive",
+                           value, &cmd->name);
+        return NGX_CONF_ERROR;
+    }
+
+    addr = ngx_array_push(&rcf->addrs);
+    if (addr == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    /* of several addresses of one name, the first one is used */
+    *addr = u.addrs[0];
+
+    if (rcf->addrs.nelts > 1) {
+        return NGX_CONF_OK;
+    }
+
+#if (NGX_HAVE_UNIX_DOMAIN)
+    if (addr->sockaddr->sa_family == AF_UNIX) {
+        p = ngx_pnalloc(cf->pool, u.url.len - 5 + 1);
+        if (p == NULL) {
+            return NGX_CONF_ERROR;
+        }
+
+        rcf->unix_path.len = u.url.len - 5;
+        rcf->unix_path.data = p;
+        ngx_cpystrn(p, u.url.data + 5, u.url.len - 5 + 1);
+
+        return NGX_CONF_OK;
+    }
+#endif
+
+    p = ngx_pnalloc(cf->pool, NGX_SOCKADDR_STRLEN + 1);
+    if (p == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    rcf->host.len = ngx_sock_ntop(addr->sockaddr, addr->socklen, p,
+                                  NGX_SOCKADDR_STRLEN, 0);
+    p[rcf->host.len] = '\0';
+    rcf->host.data = p;
+    rcf->port = ngx_inet_get_port(addr->sockaddr);
+
+    return NGX_CONF_OK;
+}
+
+
+static char *
+ngx_http_idempotency_redis_option(ngx_conf_t *cf, ngx_command_t *cmd,
+    ngx_http_idempotency_redis_conf_t *rcf, ngx_str_t *value)
+{
+    ngx_int_t   n;
+    ngx_str_t   v;
+    ngx_msec_t  ms;
+
+    if (ngx_strcmp(value->data, "cluster") == 0) {
+        rcf->mode = NGX_HTTP_IDEMPOTENCY_REDIS_CLUSTER;
+        return NGX_CONF_OK;
+    }
+
+    if (ngx_strncmp(value->data, "db=", 3) == 0) {
+        v.data = value->data + 3;
+        v.len = value->len - 3;
+
+        n = ngx_atoi(v.data, v.len);
+        if (n == NGX_ERROR) {
+            goto invalid;
+        }
+
+        rcf->db = n;
+        return NGX_CONF_OK;
+    }
+
+    if (ngx_strncmp(value->data, "user=", 5) == 0) {
+        rcf->user.data = value->data + 5;
+        rcf->user.len = value->len - 5;
+
+        if (rcf->user.len == 0) {
+            goto invalid;
+        }
+
+        return NGX_CONF_OK;
+    }
+
+    if (ngx_strncmp(value->data, "password=", 9) == 0) {
+        rcf->password.data = value->data + 9;
+        rcf->password.len = value->len - 9;
+
+        if (rcf->password.len == 0) {
+            goto invalid;
+        }
+
+        return NGX_CONF_OK;
+    }
+
+    if (ngx_strncmp(value->data, "prefix=", 7) == 0) {
+        rcf->prefix.data = value->data + 7;
+        rcf->prefix.len = value->len - 7;
+        return NGX_CONF_OK;
+    }
+
+    if (ngx_strncmp(value->data, "sentinel=", 9) == 0) {
+        rcf->sentinel_master.data = value->data + 9;
+        rcf->sentinel_master.len = value->len - 9;
+
+        if (rcf->sentinel_master.len == 0) {
+            goto invalid;
+        }
+
+        rcf->mode = NGX_HTTP_IDEMPOTENCY_REDIS_SENTINEL;
+        return NGX_CONF_OK;
+    }
+
+    if (ngx_strncmp(value->data, "connect_timeout=", 16) == 0) {
+        v.data = value->data + 16;
+        v.len = value->len - 16;
+
+        ms = ngx_parse_time(&v, 0);
+        if (ms == (ngx_msec_t) NGX_ERROR || ms == 0) {
+            goto invalid;
+        }
+
+        rcf->connect_timeout = ms;
+        return NGX_CONF_OK;
+    }
+
+    if (ngx_strncmp(value->data, "timeout=", 8) == 0) {
+        v.data = value->data + 8;
+        v.len = value->len - 8;
+
+        ms = ngx_parse_time(&v, 0);
+        if (ms == (ngx_msec_t) NGX_ERROR || ms == 0) {
+            goto invalid;
+        }
+
+        rcf->timeout = ms;
+        return NGX_CONF_OK;
+    }
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "unknown option \"%V\" in \"%V\" directive",
+                       value, &cmd->name);
+    return NGX_CONF_ERROR;
+
+invalid:
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "invalid option value \"%V\" in \"%V\" directive",
+                       value, &cmd->name);
+    return NGX_CONF_ERROR;
+}
+
+
+static char *
+ngx_http_idempotency_time(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    char  *p = conf;
+
+    ngx_str_t   *value;
+    ngx_msec_t  *msp, ms;
+
+    msp = (ngx_msec_t *) (p + cmd->offset);
+
+    if (*msp != NGX_CONF_UNSET_MSEC) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    ms = ngx_parse_time(&value[1], 0);
+
+    /* only "idempotency_wait" may be 0 */
+
+    if (ms == (ngx_msec_t) NGX_ERROR
+        || (ms == 0 && cmd->offset
+                       != offsetof(ngx_http_idempotency_loc_conf_t, wait)))
+    {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid time \"%V\" in \"%V\" directive, "
+                           "a positive time is expected",
+                           &value[1], &cmd->name);
+        return NGX_CONF_ERROR;
+    }
+
+    *msp = ms;
+
+    return NGX_CONF_OK;
+}
+
+
+static char *
+ngx_http_idempotency_methods(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_idempotency_loc_conf_t *ilcf = conf;
+
+    ngx_str_t           *value;
+    ngx_uint_t           i;
+    ngx_conf_bitmask_t  *m;
+
+    if (ilcf->methods) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    for (i = 1; i < cf->args->nelts; i++) {
+
+        for (m = ngx_http_idempotency_methods_mask; m->name.len; m++) {
+            if (m->name.len == value[i].len
+                && ngx_strcasecmp(m->name.data, value[i].data) == 0)
+            {
+                break;
+            }
+        }
+
+        if (m->name.len == 0) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "unknown method \"%V\" in \"%V\" directive",
+                               &value[i], &cmd->name);
+            return NGX_CONF_ERROR;
+        }
+
+        ilcf->methods |= m->mask;
+    }
+
+    ilcf->methods |= NGX_CONF_BITMASK_SET;
+
+    return NGX_CONF_OK;
+}
+
+
+static char *
+ngx_http_idempotency_header(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_idempotency_loc_conf_t *ilcf = conf;
+
+    ngx_str_t   *value;
+    ngx_uint_t   i;
+
+    if (ilcf->header.data) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    if (value[1].len == 0) {
+        goto invalid;
+    }
+
+    /* an RFC 9110 token */
+
+    for (i = 0; i < value[1].len; i++) {
+        if (value[1].data[i] <= ' ' || value[1].data[i] >= 0x7f
+            || ngx_strchr("\"(),/:;<=>?@[\\]{}", value[1].data[i]))
+        {
+            goto invalid;
+        }
+    }
+
+    ilcf->header = value[1];
+    ilcf->header_lc.len = value[1].len;
+    ilcf->header_lc.data = ngx_pnalloc(cf->pool, value[1].len);
+    if (ilcf->header_lc.data == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    ilcf->header_hash = ngx_hash_strlow(ilcf->header_lc.data, value[1].data,
+                                        value[1].len);
+
+    return NGX_CONF_OK;
+
+invalid:
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "invalid header name \"%V\" in \"%V\" directive",
+                       &value[1], &cmd->name);
+    return NGX_CONF_ERROR;
+}
+
+
+static char *
+ngx_http_idempotency_size(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    char  *p = conf;
+
+    size_t     *sp;
+    ssize_t     size;
+    ngx_str_t  *value;
+
+    sp = (size_t *) (p + cmd->offset);
+
+    if (*sp != NGX_CONF_UNSET_SIZE) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    size = ngx_parse_size(&value[1]);
+
+    /* the body travels to Redis as one bulk string, at most 512 MiB */
+
+    if (size == NGX_ERROR || size > 512 * 1024 * 1024) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid size \"%V\" in \"%V\" directive, "
+                           "0 to 512m is expected", &value[1], &cmd->name);
+        return NGX_CONF_ERROR;
+    }
+
+    *sp = size;
+
+    return NGX_CONF_OK;
+}
+
+
+static char *
+ngx_http_idempotency_on_store_error(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ngx_http_idempotency_loc_conf_t *ilcf = conf;
+
+    ngx_str_t        *value;
+    ngx_conf_enum_t  *e;
+
+    if (ilcf->on_store_error != NGX_CONF_UNSET_UINT) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    for (e = cmd->post; e->name.len; e++) {
+        if (e->name.len == value[1].len
+            && ngx_strcmp(e->name.data, value[1].data) == 0)
+        {
+            ilcf->on_store_error = e->value;
+            return NGX_CONF_OK;
+        }
+    }
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "invalid value \"%V\" in \"%V\" directive, "
+                       "it must be \"closed\" or \"open\"",
+                       &value[1], &cmd->name);
+    return NGX_CONF_ERROR;
+}
+
+
+static char *
+ngx_http_idempotency_store_status(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ngx_http_idempotency_loc_conf_t *ilcf = conf;
+
+    char        *rv;
+    ngx_str_t   *value;
+    ngx_uint_t   i;
+
+    if (ilcf->store_status) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    for (i = 1; i < cf->args->nelts; i++) {
+        rv = ngx_http_idempotency_store_status_parse(cf, cmd, ilcf, &value[i]);
+        if (rv != NGX_CONF_OK) {
+            return rv;
+        }
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+/* one of "NNN", "Nxx", "!NNN", "!Nxx", applied left to right */
+
+static char *
+ngx_http_idempotency_store_status_parse(ngx_conf_t *cf, ngx_command_t *cmd,
+    ngx_http_idempotency_loc_conf_t *ilcf, ngx_str_t *value)
+{
+    u_char      *p;
+    ngx_int_t    n, from, to;
+    ngx_uint_t   clear;
+
+    if (ilcf->store_status == NULL) {
+        ilcf->store_status = ngx_pcalloc(cf->pool,
+                                         NGX_HTTP_IDEMPOTENCY_STATUS_BYTES);
+        if (ilcf->store_status == NULL) {
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    p = value->data;
+    clear = 0;
+
+    if (value->len == 4 && p[0] == '!') {
+        clear = 1;
+        p++;
+
+    } else if (value->len != 3) {
+        goto invalid;
+    }
+
+    if (p[0] < '1' || p[0] > '5') {
+        goto invalid;
+    }
+
+    if (p[1] == 'x' && p[2] == 'x') {
+        from = (p[0] - '0') * 100;
+        to = from + 99;
+
+    } else {
+        n = ngx_atoi(p, 3);
+        if (n == NGX_ERROR) {
+            goto invalid;
+        }
+
+        from = n;
+        to = n;
+    }
+
+    for (n = from; n <= to; n++) {
+        if (clear) {
+            ilcf->store_status[n / 8] &= ~(1 << (n % 8));
+
+        } else {
+            ilcf->store_status[n / 8] |= 1 << (n % 8);
+        }
+    }
+
+    return NGX_CONF_OK;
+
+invalid:
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "invalid status \"%V\" in \"%V\" directive, "
+                       "\"200\", \"2xx\", \"!409\" or \"!5xx\" is expected",
+                       value, &cmd->name);
+    return NGX_CONF_ERROR;
+}
+
+
+ngx_uint_t
+ngx_http_idempotency_status_storable(ngx_http_idempotency_loc_conf_t *ilcf,
+    ngx_uint_t status)
+{
+    if (status >= NGX_HTTP_IDEMPOTENCY_STATUS_MAX) {
+        return 0;
+    }
+
+    return (ilcf->store_status[status / 8] >> (status % 8)) & 1;
+}

@@ -1,0 +1,136 @@
+/*
+ * Shared types of ngx_http_idempotency_module: configuration and the
+ * per-request context.
+ */
+
+#ifndef _NGX_HTTP_IDEMPOTENCY_MODULE_H_INCLUDED_
+#define _NGX_HTTP_IDEMPOTENCY_MODULE_H_INCLUDED_
+
+
+#include <ngx_config.h>
+#include <ngx_core.h>
+#include <ngx_http.h>
+
+#include "ngx_http_idempotency_redis.h"
+
+
+#define NGX_HTTP_IDEMPOTENCY_STORE_ERROR_CLOSED  0
+#define NGX_HTTP_IDEMPOTENCY_STORE_ERROR_OPEN    1
+
+#define NGX_HTTP_IDEMPOTENCY_KEY_MAX_LEN         255
+
+/* statuses 0 .. 599 as a bitmap */
+#define NGX_HTTP_IDEMPOTENCY_STATUS_MAX          600
+
+
+/* what happened to a request, as $idempotency_status shows it */
+typedef enum {
+    NGX_HTTP_IDEMPOTENCY_NONE = 0,
+    NGX_HTTP_IDEMPOTENCY_BYPASS,
+    NGX_HTTP_IDEMPOTENCY_MISS,
+    NGX_HTTP_IDEMPOTENCY_HIT,
+    NGX_HTTP_IDEMPOTENCY_CONFLICT,
+    NGX_HTTP_IDEMPOTENCY_MISMATCH,
+    NGX_HTTP_IDEMPOTENCY_MISSING,
+    NGX_HTTP_IDEMPOTENCY_INVALID,
+    NGX_HTTP_IDEMPOTENCY_OVERSIZE,
+    NGX_HTTP_IDEMPOTENCY_ERROR       /* Redis failed: refused, or passed */
+} ngx_http_idempotency_outcome_e;
+
+
+/* where a request is in the claim/replay/record life cycle */
+typedef enum {
+    NGX_HTTP_IDEMPOTENCY_STATE_INIT = 0,
+    NGX_HTTP_IDEMPOTENCY_STATE_READING_BODY,
+    NGX_HTTP_IDEMPOTENCY_STATE_CLAIMING,
+    NGX_HTTP_IDEMPOTENCY_STATE_DECIDED,    /* claim reply is in */
+    NGX_HTTP_IDEMPOTENCY_STATE_WAITING,    /* duplicate waits to re-claim */
+    NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED,    /* ours: goes to the content */
+    NGX_HTTP_IDEMPOTENCY_STATE_SETTLED,    /* stored, released or replayed */
+    NGX_HTTP_IDEMPOTENCY_STATE_DONE        /* not taking part */
+} ngx_http_idempotency_state_e;
+
+
+typedef struct {
+    ngx_array_t                          redis;    /* of redis_conf_t * */
+    ngx_flag_t                           used;
+} ngx_http_idempotency_main_conf_t;
+
+
+typedef struct {
+    ngx_flag_t                           enable;
+    ngx_http_idempotency_redis_conf_t   *redis;
+    ngx_msec_t                           ttl;
+    ngx_msec_t                           lock_ttl;
+    ngx_uint_t                           methods;
+    ngx_flag_t                           required;
+    ngx_http_complex_value_t            *scope;
+    ngx_str_t                            header;
+    ngx_str_t                            header_lc;
+    ngx_uint_t                           header_hash;
+    ngx_msec_t                           wait;
+    size_t                               max_response_size;
+    ngx_uint_t                           on_store_error;
+    uint8_t                             *store_status;  /* bitmap */
+} ngx_http_idempotency_loc_conf_t;
+
+
+typedef struct {
+    ngx_http_request_t                  *request;
+    ngx_http_idempotency_loc_conf_t     *conf;     /* of the claiming location */
+    ngx_http_idempotency_state_e         state;
+    ngx_http_idempotency_outcome_e       outcome;
+
+    ngx_str_t                            key;      /* as the client sent it */
+    ngx_str_t                            rkey;     /* the Redis record key */
+    u_char                               fingerprint[64];
+    u_char                               owner[32];
+
+    ngx_http_idempotency_redis_op_t     *op;
+    ngx_event_t                          wait_timer;
+    ngx_msec_t                           wait_until;
+    ngx_msec_t                           wait_step;
+
+    /* claim result */
+    ngx_uint_t                           redis_rc;
+    ngx_str_t                            reply_kind;
+    ngx_int_t                            reply_status;
+    ngx_str_t                            reply_headers;
+    ngx_str_t                            reply_body;
+    ngx_msec_t                           reply_pttl;
+
+    /* capture */
+    ngx_uint_t                           status;
+    ngx_str_t                            headers;
+    u_char                              *body;
+    size_t                               body_len;
+    size_t                               body_size;
+
+    unsigned                             header_seen:1;
+    unsigned                             release:1;
+    unsigned                             capture:1;
+    unsigned                             oversize:1;
+    unsigned                             complete:1;
+    unsigned                             replaying:1;
+} ngx_http_idempotency_ctx_t;
+
+
+ngx_http_idempotency_ctx_t *ngx_http_idempotency_get_ctx(
+    ngx_http_request_t *r);
+
+ngx_int_t ngx_http_idempotency_handler(ngx_http_request_t *r);
+ngx_int_t ngx_http_idempotency_filter_init(ngx_conf_t *cf);
+ngx_int_t ngx_http_idempotency_add_variables(ngx_conf_t *cf);
+void ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx);
+
+ngx_int_t ngx_http_idempotency_send_problem(ngx_http_request_t *r,
+    ngx_http_idempotency_outcome_e outcome);
+
+ngx_uint_t ngx_http_idempotency_status_storable(
+    ngx_http_idempotency_loc_conf_t *ilcf, ngx_uint_t status);
+
+
+extern ngx_module_t  ngx_http_idempotency_module;
+
+
+#endif /* _NGX_HTTP_IDEMPOTENCY_MODULE_H_INCLUDED_ */

@@ -1,0 +1,173 @@
+/*
+ * RFC 9457 problem responses for everything the module answers itself.
+ */
+
+#include "ngx_http_idempotency_module.h"
+
+
+typedef struct {
+    ngx_uint_t   status;
+    ngx_str_t    type;
+    ngx_str_t    title;
+    ngx_str_t    detail;
+    ngx_uint_t   retry_after;    /* seconds, 0: no header */
+} ngx_http_idempotency_problem_t;
+
+
+#define NGX_HTTP_IDEMPOTENCY_PROBLEM_TYPE  "urn:ngx-idempotency:"
+
+
+/* titles follow the IETF httpapi Idempotency-Key draft where it has one */
+
+static ngx_http_idempotency_problem_t  ngx_http_idempotency_problems[] = {
+
+    { NGX_HTTP_BAD_REQUEST,
+      ngx_string(NGX_HTTP_IDEMPOTENCY_PROBLEM_TYPE "missing-key"),
+      ngx_string("Idempotency-Key is missing"),
+      ngx_string("This operation is idempotent and it requires correct "
+                 "usage of Idempotency Key."),
+      0 },
+
+    { NGX_HTTP_BAD_REQUEST,
+      ngx_string(NGX_HTTP_IDEMPOTENCY_PROBLEM_TYPE "invalid-key"),
+      ngx_string("Idempotency-Key is invalid"),
+      ngx_string("The Idempotency-Key header must be sent once, as 1 to "
+                 "255 visible ASCII characters or as a quoted string."),
+      0 },
+
+    { NGX_HTTP_CONFLICT,
+      ngx_string(NGX_HTTP_IDEMPOTENCY_PROBLEM_TYPE "request-in-progress"),
+      ngx_string("A request is outstanding for this Idempotency-Key"),
+      ngx_string("The first request with this key is still being "
+                 "processed; retry later to get its response."),
+      1 },
+
+    { 422,
+      ngx_string(NGX_HTTP_IDEMPOTENCY_PROBLEM_TYPE "key-reused"),
+      ngx_string("Idempotency-Key is already used"),
+      ngx_string("This Idempotency-Key was used with a different request; "
+                 "a key must not be reused across different payloads."),
+      0 },
+
+    { 422,
+      ngx_string(NGX_HTTP_IDEMPOTENCY_PROBLEM_TYPE "response-not-stored"),
+      ngx_string("Response for this Idempotency-Key is not available"),
+      ngx_string("The operation for this key has completed, but its "
+                 "response was too large to be stored and cannot be "
+                 "replayed; it will not run again."),
+      0 },
+
+    { NGX_HTTP_SERVICE_UNAVAILABLE,
+      ngx_string(NGX_HTTP_IDEMPOTENCY_PROBLEM_TYPE "store-unavailable"),
+      ngx_string("Idempotency store is unavailable"),
+      ngx_string("The request was not processed because its "
+                 "Idempotency-Key could not be checked; retry later."),
+      1 }
+};
+
+
+static ngx_http_idempotency_problem_t *
+ngx_http_idempotency_problem_of(ngx_http_idempotency_outcome_e outcome)
+{
+    switch (outcome) {
+
+    case NGX_HTTP_IDEMPOTENCY_MISSING:
+        return &ngx_http_idempotency_problems[0];
+
+    case NGX_HTTP_IDEMPOTENCY_INVALID:
+        return &ngx_http_idempotency_problems[1];
+
+    case NGX_HTTP_IDEMPOTENCY_CONFLICT:
+        return &ngx_http_idempotency_problems[2];
+
+    case NGX_HTTP_IDEMPOTENCY_MISMATCH:
+        return &ngx_http_idempotency_problems[3];
+
+    case NGX_HTTP_IDEMPOTENCY_OVERSIZE:
+        return &ngx_http_idempotency_problems[4];
+
+    default:
+        return &ngx_http_idempotency_problems[5];
+    }
+}
+
+
+ngx_int_t
+ngx_http_idempotency_send_problem(ngx_http_request_t *r,
+    ngx_http_idempotency_outcome_e outcome)
+{
+    size_t                           len;
+    ngx_int_t                        rc;
+    ngx_buf_t                       *b;
+    ngx_chain_t                      out;
+    ngx_table_elt_t                 *h;
+    ngx_http_idempotency_problem_t  *pr;
+
+    pr = ngx_http_idempotency_problem_of(outcome);
+
+    /* keeps a keep-alive connection in step when the body was not read */
+
+    if (ngx_http_discard_request_body(r) != NGX_OK) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    /* the texts are constants: nothing from the request is echoed */
+
+    len = sizeof("{\"type\":\"\",\"title\":\"\",\"status\":,\"detail\":\"\"}\n")
+          - 1 + pr->type.len + pr->title.len + NGX_INT_T_LEN + pr->detail.len;
+
+    b = ngx_create_temp_buf(r->pool, len);
+    if (b == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    b->last = ngx_sprintf(b->last,
+                          "{\"type\":\"%V\",\"title\":\"%V\",\"status\":%ui,"
+                          "\"detail\":\"%V\"}\n",
+                          &pr->type, &pr->title, pr->status, &pr->detail);
+    b->last_buf = (r == r->main) ? 1 : 0;
+    b->last_in_chain = 1;
+
+    r->headers_out.status = pr->status;
+    r->headers_out.content_length_n = b->last - b->pos;
+    ngx_str_set(&r->headers_out.content_type, "application/problem+json");
+    r->headers_out.content_type_len = r->headers_out.content_type.len;
+    r->headers_out.content_type_lowcase = NULL;
+
+    h = ngx_list_push(&r->headers_out.headers);
+    if (h == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    h->hash = 1;
+    ngx_str_set(&h->key, "Cache-Control");
+    ngx_str_set(&h->value, "no-store");
+
+    if (pr->retry_after) {
+        h = ngx_list_push(&r->headers_out.headers);
+        if (h == NULL) {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+
+        h->value.data = ngx_pnalloc(r->pool, NGX_INT_T_LEN);
+        if (h->value.data == NULL) {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+
+        h->hash = 1;
+        ngx_str_set(&h->key, "Retry-After");
+        h->value.len = ngx_sprintf(h->value.data, "%ui", pr->retry_after)
+                       - h->value.data;
+    }
+
+    rc = ngx_http_send_header(r);
+
+    if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
+        return rc;
+    }
+
+    out.buf = b;
+    out.next = NULL;
+
+    return ngx_http_output_filter(r, &out);
+}

@@ -1,0 +1,91 @@
+/*
+ * Per-worker Redis connections driven by nginx's event loop (hiredis async).
+ */
+
+#ifndef _NGX_HTTP_IDEMPOTENCY_REDIS_H_INCLUDED_
+#define _NGX_HTTP_IDEMPOTENCY_REDIS_H_INCLUDED_
+
+
+#include <ngx_config.h>
+#include <ngx_core.h>
+#include <ngx_http.h>
+#include <hiredis/hiredis.h>
+#include <hiredis/async.h>
+
+
+#define NGX_HTTP_IDEMPOTENCY_REDIS_SINGLE    0
+#define NGX_HTTP_IDEMPOTENCY_REDIS_CLUSTER   1
+#define NGX_HTTP_IDEMPOTENCY_REDIS_SENTINEL  2
+
+/* outcome passed to an op's handler */
+#define NGX_HTTP_IDEMPOTENCY_REDIS_OK        0   /* reply is set */
+#define NGX_HTTP_IDEMPOTENCY_REDIS_ERROR     1   /* no connection, lost */
+#define NGX_HTTP_IDEMPOTENCY_REDIS_TIMEOUT   2   /* no reply in time */
+
+
+typedef enum {
+    NGX_HTTP_IDEMPOTENCY_SCRIPT_CLAIM = 0,
+    NGX_HTTP_IDEMPOTENCY_SCRIPT_STORE,
+    NGX_HTTP_IDEMPOTENCY_SCRIPT_RELEASE,
+    NGX_HTTP_IDEMPOTENCY_SCRIPT_N
+} ngx_http_idempotency_script_e;
+
+
+typedef struct ngx_http_idempotency_redis_node_s
+    ngx_http_idempotency_redis_node_t;
+typedef struct ngx_http_idempotency_redis_op_s
+    ngx_http_idempotency_redis_op_t;
+
+
+/* one "idempotency_redis" directive; identical directives share one */
+typedef struct {
+    ngx_str_t                            text;     /* all arguments, for logs */
+    ngx_uint_t                           mode;
+    ngx_array_t                          addrs;    /* of ngx_addr_t */
+    ngx_str_t                            host;     /* IP literal, NUL-ended */
+    in_port_t                            port;
+    ngx_str_t                            unix_path; /* NUL-ended, or empty */
+    ngx_str_t                            sentinel_master;
+    ngx_int_t                            db;       /* -1: no SELECT */
+    ngx_str_t                            user;
+    ngx_str_t                            password;
+    ngx_msec_t                           connect_timeout;
+    ngx_msec_t                           timeout;
+    ngx_str_t                            prefix;
+
+    /* per-worker state, set up in init_process (memory is per process) */
+    ngx_http_idempotency_redis_node_t   *node;
+} ngx_http_idempotency_redis_conf_t;
+
+
+/*
+ * Called exactly once per op, unless the op was cancelled before: with
+ * rc == NGX_HTTP_IDEMPOTENCY_REDIS_OK and the reply (which hiredis frees
+ * right after the call: copy what you keep), or with another rc and
+ * reply == NULL.  The handler may issue new commands.
+ */
+typedef void (*ngx_http_idempotency_redis_pt)(void *data, redisReply *reply,
+    ngx_uint_t rc);
+
+
+ngx_int_t ngx_http_idempotency_redis_init_process(ngx_cycle_t *cycle);
+void ngx_http_idempotency_redis_exit_process(ngx_cycle_t *cycle);
+
+/*
+ * Runs one of the embedded scripts (EVALSHA, falling back to EVAL on
+ * NOSCRIPT) with KEYS[1] = key and ARGV = args[0 .. nargs - 1], each sent as
+ * a separate binary-safe argument.  The arguments are copied before the
+ * call returns.  Returns NULL (and calls nothing) when the command cannot be
+ * queued now, e.g. while Redis is unreachable; the caller applies its
+ * failure policy at once.
+ */
+ngx_http_idempotency_redis_op_t *ngx_http_idempotency_redis_script(
+    ngx_http_idempotency_redis_conf_t *rcf, ngx_uint_t script, ngx_str_t *key,
+    ngx_str_t *args, ngx_uint_t nargs, ngx_http_idempotency_redis_pt handler,
+    void *data, ngx_log_t *log);
+
+/* the handler will not be called for this op; safe on any live op */
+void ngx_http_idempotency_redis_cancel(ngx_http_idempotency_redis_op_t *op);
+
+
+#endif /* _NGX_HTTP_IDEMPOTENCY_REDIS_H_INCLUDED_ */

@@ -1,0 +1,120 @@
+/*
+ * $idempotency_status and $idempotency_key.
+ */
+
+#include "ngx_http_idempotency_module.h"
+
+
+static ngx_int_t ngx_http_idempotency_status_variable(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data);
+static ngx_int_t ngx_http_idempotency_key_variable(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data);
+
+
+static ngx_http_variable_t  ngx_http_idempotency_vars[] = {
+
+    { ngx_string("idempotency_status"), NULL,
+      ngx_http_idempotency_status_variable, 0,
+      NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("idempotency_key"), NULL,
+      ngx_http_idempotency_key_variable, 0,
+      NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+      ngx_http_null_variable
+};
+
+
+/* indexed by ngx_http_idempotency_outcome_e */
+
+static ngx_str_t  ngx_http_idempotency_outcome_names[] = {
+    ngx_null_string,
+    ngx_string("BYPASS"),
+    ngx_string("MISS"),
+    ngx_string("HIT"),
+    ngx_string("CONFLICT"),
+    ngx_string("MISMATCH"),
+    ngx_string("MISSING"),
+    ngx_string("INVALID"),
+    ngx_string("OVERSIZE"),
+    ngx_string("ERROR")
+};
+
+
+ngx_int_t
+ngx_http_idempotency_add_variables(ngx_conf_t *cf)
+{
+    ngx_http_variable_t  *var, *v;
+
+    for (v = ngx_http_idempotency_vars; v->name.len; v++) {
+        var = ngx_http_add_variable(cf, &v->name, v->flags);
+        if (var == NULL) {
+            return NGX_ERROR;
+        }
+
+        var->get_handler = v->get_handler;
+        var->data = v->data;
+    }
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_idempotency_status_variable(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data)
+{
+    ngx_str_t                        *name;
+    ngx_http_idempotency_ctx_t       *ctx;
+    ngx_http_idempotency_loc_conf_t  *ilcf;
+
+    ctx = ngx_http_idempotency_get_ctx(r->main);
+
+    if (ctx != NULL && ctx->outcome != NGX_HTTP_IDEMPOTENCY_NONE) {
+        name = &ngx_http_idempotency_outcome_names[ctx->outcome];
+
+    } else {
+        /* a request the module looked at no further than its method */
+
+        ilcf = ngx_http_get_module_loc_conf(r, ngx_http_idempotency_module);
+
+        if (!ilcf->enable) {
+            v->not_found = 1;
+            return NGX_OK;
+        }
+
+        name = &ngx_http_idempotency_outcome_names[
+                                               NGX_HTTP_IDEMPOTENCY_BYPASS];
+    }
+
+    v->len = name->len;
+    v->valid = 1;
+    v->no_cacheable = 1;
+    v->not_found = 0;
+    v->data = name->data;
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_idempotency_key_variable(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data)
+{
+    ngx_http_idempotency_ctx_t  *ctx;
+
+    ctx = ngx_http_idempotency_get_ctx(r->main);
+
+    if (ctx == NULL || ctx->key.len == 0) {
+        v->not_found = 1;
+        return NGX_OK;
+    }
+
+    v->len = ctx->key.len;
+    v->valid = 1;
+    v->no_cacheable = 1;
+    v->not_found = 0;
+    v->data = ctx->key.data;
+
+    return NGX_OK;
+}

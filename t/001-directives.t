@@ -1,0 +1,324 @@
+# Directives: every valid form passes "nginx -t", every invalid form fails it
+# with a message naming the directive, and settings inherit
+# http -> server -> location.
+
+use Test::Nginx::Socket 'no_plan';
+
+$ENV{TEST_NGINX_REDIS_PORT} ||= 6379;
+
+no_shuffle();
+run_tests();
+
+__DATA__
+
+=== TEST 1: every directive accepts its valid forms at every level
+--- http_config
+    idempotency off;
+    idempotency_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT db=0 prefix=t001:
+                      connect_timeout=250ms timeout=2s;
+    idempotency_ttl 24h;
+    idempotency_lock_ttl 60s;
+    idempotency_methods POST PATCH;
+    idempotency_required off;
+    idempotency_scope $http_authorization;
+    idempotency_header Idempotency-Key;
+    idempotency_wait 0;
+    idempotency_max_response_size 1m;
+    idempotency_on_store_error closed;
+    idempotency_store_status 1xx 2xx 3xx 4xx !408 !409 !425 !429;
+--- config
+    idempotency_ttl 1h;
+    idempotency_methods post put delete;
+
+    location = /t {
+        idempotency on;
+        idempotency_redis unix:/tmp/t001-redis.sock db=15 password=secret
+                          user=app;
+        idempotency_ttl 10s;
+        idempotency_lock_ttl 500ms;
+        idempotency_methods POST;
+        idempotency_required on;
+        idempotency_scope "$http_x_tenant:$remote_user";
+        idempotency_header X-Request-Key;
+        idempotency_wait 2s;
+        idempotency_max_response_size 0;
+        idempotency_on_store_error open;
+        idempotency_store_status 200 201 4xx !404;
+        return 200 "ok\n";
+    }
+--- request
+GET /t
+--- response_body
+ok
+--- no_error_log
+[emerg]
+
+
+
+=== TEST 2: a negative TTL is an error naming the directive
+--- config
+    location = /t {
+        idempotency_ttl -1s;
+    }
+--- must_die
+--- error_log
+[emerg]
+invalid time "-1s" in "idempotency_ttl" directive
+
+
+
+=== TEST 3: a zero lock TTL is an error
+--- config
+    location = /t {
+        idempotency_lock_ttl 0;
+    }
+--- must_die
+--- error_log
+[emerg]
+invalid time "0" in "idempotency_lock_ttl" directive
+
+
+
+=== TEST 4: an unparsable wait is an error
+--- config
+    idempotency_wait soon;
+--- must_die
+--- error_log
+[emerg]
+invalid time "soon" in "idempotency_wait" directive
+
+
+
+=== TEST 5: an unknown method is an error
+--- config
+    location = /t {
+        idempotency_methods POST FETCH;
+    }
+--- must_die
+--- error_log
+[emerg]
+unknown method "FETCH" in "idempotency_methods" directive
+
+
+
+=== TEST 6: an unparsable Redis address is an error
+--- config
+    location = /t {
+        idempotency_redis 127.0.0.1:99999;
+    }
+--- must_die
+--- error_log
+[emerg]
+invalid port in Redis address "127.0.0.1:99999" of "idempotency_redis" directive
+
+
+
+=== TEST 7: an unknown Redis option is an error
+--- config
+    location = /t {
+        idempotency_redis 127.0.0.1:6379 dbase=1;
+    }
+--- must_die
+--- error_log
+[emerg]
+unknown option "dbase=1" in "idempotency_redis" directive
+
+
+
+=== TEST 8: a bad Redis db number is an error
+--- config
+    location = /t {
+        idempotency_redis 127.0.0.1:6379 db=one;
+    }
+--- must_die
+--- error_log
+[emerg]
+invalid option value "db=one" in "idempotency_redis" directive
+
+
+
+=== TEST 9: a bad Redis timeout is an error
+--- config
+    location = /t {
+        idempotency_redis 127.0.0.1:6379 timeout=-5;
+    }
+--- must_die
+--- error_log
+[emerg]
+invalid option value "timeout=-5" in "idempotency_redis" directive
+
+
+
+=== TEST 10: a Redis user without a password is an error
+--- config
+    location = /t {
+        idempotency_redis 127.0.0.1:6379 user=app;
+    }
+--- must_die
+--- error_log
+[emerg]
+"idempotency_redis" directive: "user=" needs "password="
+
+
+
+=== TEST 11: several addresses need cluster or sentinel
+--- config
+    location = /t {
+        idempotency_redis 127.0.0.1:7000 127.0.0.1:7001;
+    }
+--- must_die
+--- error_log
+[emerg]
+several addresses in "idempotency_redis" directive need "cluster" or "sentinel="
+
+
+
+=== TEST 12: Redis Cluster is refused, not silently ignored, until it exists
+--- config
+    location = /t {
+        idempotency_redis 127.0.0.1:7000 127.0.0.1:7001 cluster;
+    }
+--- must_die
+--- error_log
+[emerg]
+"idempotency_redis" directive: Redis Cluster is not supported by this version
+
+
+
+=== TEST 13: idempotency on without idempotency_redis is an error
+--- config
+    location = /t {
+        idempotency on;
+    }
+--- must_die
+--- error_log
+[emerg]
+"idempotency" is on but no "idempotency_redis" is defined for it
+
+
+
+=== TEST 14: a bad on_store_error value is an error
+--- config
+    idempotency_on_store_error maybe;
+--- must_die
+--- error_log
+[emerg]
+invalid value "maybe" in "idempotency_on_store_error" directive
+
+
+
+=== TEST 15: a bad size is an error
+--- config
+    idempotency_max_response_size 1x;
+--- must_die
+--- error_log
+[emerg]
+invalid size "1x" in "idempotency_max_response_size" directive
+
+
+
+=== TEST 16: a bad status is an error
+--- config
+    idempotency_store_status 2xx 6xx;
+--- must_die
+--- error_log
+[emerg]
+invalid status "6xx" in "idempotency_store_status" directive
+
+
+
+=== TEST 17: a header name that is not a token is an error
+--- config
+    idempotency_header "Idempotency Key";
+--- must_die
+--- error_log
+[emerg]
+invalid header name "Idempotency Key" in "idempotency_header" directive
+
+
+
+=== TEST 18: a flag with a bad value is an error naming the directive
+--- config
+    idempotency yes;
+--- must_die
+--- error_log
+[emerg]
+invalid value "yes" in "idempotency" directive
+
+
+
+=== TEST 19: a duplicate directive is an error
+--- config
+    idempotency_ttl 1h;
+    idempotency_ttl 2h;
+--- must_die
+--- error_log
+[emerg]
+"idempotency_ttl" directive is duplicate
+
+
+
+=== TEST 20: settings inherit from http to location
+--- http_config
+    idempotency on;
+    idempotency_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT prefix=t001:;
+    idempotency_required on;
+--- config
+    location = /t {
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
+    }
+    location = /backend {
+        return 200 "ran\n";
+    }
+--- request
+POST /t
+{"a":1}
+--- error_code: 400
+--- response_headers
+Content-Type: application/problem+json
+--- response_body_like chomp
+"title":"Idempotency-Key is missing"
+
+
+
+=== TEST 21: a location can switch it off again
+--- http_config
+    idempotency on;
+    idempotency_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT prefix=t001:;
+    idempotency_required on;
+--- config
+    location = /t {
+        idempotency off;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
+    }
+    location = /backend {
+        return 200 "ran\n";
+    }
+--- request
+POST /t
+{"a":1}
+--- response_body
+ran
+
+
+
+=== TEST 22: the header name is inherited from the server level
+--- config
+    idempotency_header X-Request-Key;
+    idempotency_required on;
+    location = /t {
+        idempotency on;
+        idempotency_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT prefix=t001:;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
+    }
+    location = /backend {
+        return 200 "ran\n";
+    }
+--- request
+POST /t
+{"a":1}
+--- more_headers
+Idempotency-Key: abc
+--- error_code: 400
+--- response_body_like chomp
+"title":"Idempotency-Key is missing"

@@ -1,0 +1,229 @@
+# Redis side: one key per record with the expected TTL, expiry, Redis going
+# away and coming back without a reload, and nginx reloads with live
+# connections.
+#
+# Blocks without a "--- config" reuse the nginx of the block before, so the
+# same workers (and their Redis connections) see Redis die and return.
+# Those blocks need `make test`'s Redis control script and are skipped
+# without it.  The upstream logs the key it ran for, and a block that reuses
+# nginx only counts lines of its own key: the error log is not cut between
+# such blocks.
+
+use Test::Nginx::Socket 'no_plan';
+
+$ENV{TEST_NGINX_REDIS_PORT} ||= 6379;
+$ENV{TEST_NGINX_PREFIX} ||= "t040-$$-" . time() . ":";
+
+our $HttpConfig = qq{
+    log_format exec 'EXEC \$request_method \$uri \$http_idempotency_key';
+    idempotency_redis 127.0.0.1:$ENV{TEST_NGINX_REDIS_PORT}
+                      prefix=$ENV{TEST_NGINX_PREFIX} timeout=500ms;
+};
+
+our $Config = q{
+    location = /t {
+        idempotency on;
+        idempotency_ttl 300s;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
+    }
+
+    location = /short {
+        idempotency on;
+        idempotency_ttl 1s;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
+    }
+
+    location = /backend {
+        access_log logs/error.log exec;
+        return 201 "created\n";
+    }
+};
+
+sub redis_cli {
+    my $cmd = join ' ', map { "'$_'" } @_;
+    my $out = `"$ENV{TEST_NGINX_REDIS_CTL}" cli $cmd`;
+    chomp $out;
+    return $out;
+}
+
+sub redis_ctl {
+    system($ENV{TEST_NGINX_REDIS_CTL}, @_) == 0
+        or die "redis-ctl @_ failed\n";
+}
+
+master_on();
+no_shuffle();
+run_tests();
+
+__DATA__
+
+=== TEST 1: a request is recorded (with a secret scope)
+--- http_config eval: $::HttpConfig
+--- config eval: $::Config
+--- request
+POST /t
+{"amount":1}
+--- more_headers
+Idempotency-Key: layout-1
+Authorization: Bearer SECRET-TOKEN-123
+--- error_code: 201
+--- grep_error_log: EXEC POST /backend layout-1
+--- grep_error_log_out
+EXEC POST /backend layout-1
+
+
+
+=== TEST 2: redis-cli shows one hash per record, with the TTL, no scope in clear
+--- skip_eval: 7: !$ENV{TEST_NGINX_REDIS_CTL}
+--- init
+my @keys = split /\n/, main::redis_cli('--scan', '--pattern',
+                                       "$ENV{TEST_NGINX_PREFIX}*");
+Test::More::is(scalar @keys, 1, "one key for one record");
+Test::More::like($keys[0] // '',
+                 qr/^\Q$ENV{TEST_NGINX_PREFIX}\E[0-9a-f]{64}:layout-1$/,
+                 "prefix, hashed scope, key");
+my $ttl = main::redis_cli('TTL', $keys[0] // 'none');
+Test::More::ok($ttl > 290 && $ttl <= 300, "TTL is idempotency_ttl ($ttl)");
+Test::More::is(main::redis_cli('HGET', $keys[0] // 'none', 'state'), 'done',
+               "the record is complete");
+my $all = main::redis_cli('HGETALL', $keys[0] // 'none');
+Test::More::unlike($all, qr/SECRET-TOKEN/, "the scope is not stored");
+--- request
+POST /t
+{"amount":1}
+--- more_headers
+Idempotency-Key: layout-1
+Authorization: Bearer SECRET-TOKEN-123
+--- error_code: 201
+--- response_headers
+Idempotent-Replayed: true
+
+
+
+=== TEST 3: another scope with the same key is another record: it runs
+--- request
+POST /t
+{"amount":1}
+--- more_headers
+Idempotency-Key: layout-1
+Authorization: Bearer OTHER-TOKEN
+--- error_code: 201
+--- response_headers
+!Idempotent-Replayed
+
+
+
+=== TEST 4: a short TTL: first run
+--- http_config eval: $::HttpConfig
+--- config eval: $::Config
+--- request
+POST /short
+x
+--- more_headers
+Idempotency-Key: ttl-1
+--- error_code: 201
+--- grep_error_log: EXEC POST /backend ttl-1
+--- grep_error_log_out
+EXEC POST /backend ttl-1
+
+
+
+=== TEST 5: a short TTL: after it expires the operation runs again
+--- http_config eval: $::HttpConfig
+--- config eval: $::Config
+--- init
+select(undef, undef, undef, 1.3);
+--- request
+POST /short
+x
+--- more_headers
+Idempotency-Key: ttl-1
+--- error_code: 201
+--- response_headers
+!Idempotent-Replayed
+--- grep_error_log: EXEC POST /backend ttl-1
+--- grep_error_log_out
+EXEC POST /backend ttl-1
+
+
+
+=== TEST 6: the workers talk to Redis
+--- http_config eval: $::HttpConfig
+--- config eval: $::Config
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: down-0
+--- error_code: 201
+
+
+
+=== TEST 7: Redis killed: requests get 503 and nothing runs
+--- skip_eval: 2: !$ENV{TEST_NGINX_REDIS_CTL}
+--- init
+main::redis_ctl('kill');
+select(undef, undef, undef, 0.2);
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: down-1
+--- error_code: 503
+--- no_error_log
+EXEC POST /backend down-1
+
+
+
+=== TEST 8: Redis back: the same workers recover without a reload
+--- skip_eval: 3: !$ENV{TEST_NGINX_REDIS_CTL}
+--- init
+main::redis_ctl('start');
+select(undef, undef, undef, 2.5);
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: down-1
+--- error_code: 201
+--- response_headers
+!Idempotent-Replayed
+--- grep_error_log: EXEC POST /backend down-1
+--- grep_error_log_out
+EXEC POST /backend down-1
+
+
+
+=== TEST 9: nginx reloaded with live Redis connections keeps working
+--- init
+my $pidfile = "$ENV{TEST_NGINX_SERVER_ROOT}/logs/nginx.pid";
+open my $fh, '<', $pidfile or die "no $pidfile: $!";
+my $pid = <$fh>;
+chomp $pid;
+kill 'HUP', $pid or die "cannot HUP $pid";
+select(undef, undef, undef, 1.5);
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: reload-1
+--- error_code: 201
+--- grep_error_log: EXEC POST /backend reload-1
+--- grep_error_log_out
+EXEC POST /backend reload-1
+
+
+
+=== TEST 10: after the reload, replays work and the old workers left cleanly
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: reload-1
+--- error_code: 201
+--- response_headers
+Idempotent-Replayed: true
+--- wait: 1
+--- no_error_log
+[alert]
+[emerg]

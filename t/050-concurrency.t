@@ -1,0 +1,192 @@
+# Duplicates that arrive while the first request is still running: 409 with
+# Retry-After at once, or with idempotency_wait a wait for the replay.
+#
+# The upstream is slowed down with limit_rate; the first request is sent by
+# a background client from "--- init", the duplicate is the block's request.
+
+use Test::Nginx::Socket 'no_plan';
+use IO::Socket::INET;
+use POSIX ();
+
+$ENV{TEST_NGINX_REDIS_PORT} ||= 6379;
+$ENV{TEST_NGINX_PREFIX} ||= "t050-$$-" . time() . ":";
+
+our $HttpConfig = qq{
+    log_format exec 'EXEC \$request_method \$uri \$http_idempotency_key';
+    idempotency_redis 127.0.0.1:$ENV{TEST_NGINX_REDIS_PORT}
+                      prefix=$ENV{TEST_NGINX_PREFIX};
+};
+
+# about 2 s for the upstream's response (limit_rate counts the header too)
+our $Config = q{
+    location = /t {
+        idempotency on;
+        add_header X-Idempotency-Status $idempotency_status always;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
+    }
+
+    location = /wait {
+        idempotency on;
+        idempotency_wait 10s;
+        add_header X-Idempotency-Status $idempotency_status always;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
+    }
+
+    location = /backend {
+        access_log logs/error.log exec;
+        limit_rate 80;
+        return 201 "slow done\n";
+    }
+};
+
+# sends one request from a detached process and returns once it is on its
+# way (double fork: nothing is left for the runner to reap); with $hangup
+# the client goes away after that many seconds without reading the response
+sub first_request {
+    my ($uri, $key, $hangup) = @_;
+
+    my $pid = fork();
+    die "fork: $!" unless defined $pid;
+
+    if ($pid == 0) {
+        POSIX::_exit(0) if fork();
+
+        my $sock = IO::Socket::INET->new(
+            PeerAddr => '127.0.0.1',
+            PeerPort => $ENV{TEST_NGINX_SERVER_PORT},
+            Timeout  => 10,
+        ) or POSIX::_exit(1);
+
+        print $sock "POST $uri HTTP/1.1\r\nHost: localhost\r\n"
+                    . "Idempotency-Key: $key\r\nContent-Length: 1\r\n"
+                    . "Connection: close\r\n\r\nx";
+        if ($hangup) {
+            select(undef, undef, undef, $hangup);
+            close $sock;
+            POSIX::_exit(0);
+        }
+
+        local $/;
+        my $resp = <$sock>;
+        POSIX::_exit(0);
+    }
+
+    waitpid($pid, 0);
+    select(undef, undef, undef, 0.5);
+}
+
+no_shuffle();
+run_tests();
+
+__DATA__
+
+=== TEST 1: a duplicate of a running request gets 409 with Retry-After
+--- http_config eval: $::HttpConfig
+--- config eval: $::Config
+--- init
+main::first_request('/t', 'busy-1');
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: busy-1
+--- error_code: 409
+--- response_headers
+Retry-After: 1
+Content-Type: application/problem+json
+X-Idempotency-Status: CONFLICT
+--- response_body_like chomp
+"title":"A request is outstanding for this Idempotency-Key"
+--- wait: 3
+--- grep_error_log: EXEC POST /backend busy-1
+--- grep_error_log_out
+EXEC POST /backend busy-1
+
+
+
+=== TEST 2: once the first one finished, the retry gets its response
+--- http_config eval: $::HttpConfig
+--- config eval: $::Config
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: busy-1
+--- error_code: 201
+--- response_headers
+Idempotent-Replayed: true
+--- response_body
+slow done
+--- no_error_log
+EXEC POST /backend busy-1
+
+
+
+=== TEST 3: with idempotency_wait the duplicate waits and gets the replay
+--- http_config eval: $::HttpConfig
+--- config eval: $::Config
+--- init
+main::first_request('/wait', 'wait-1');
+--- request
+POST /wait
+x
+--- more_headers
+Idempotency-Key: wait-1
+--- timeout: 10
+--- error_code: 201
+--- response_headers
+Idempotent-Replayed: true
+X-Idempotency-Status: HIT
+--- response_body
+slow done
+--- grep_error_log: EXEC POST /backend wait-1
+--- grep_error_log_out
+EXEC POST /backend wait-1
+
+
+
+
+=== TEST 4: a wait shorter than the first request ends in 409
+--- http_config eval: $::HttpConfig
+--- config
+    location = /t {
+        idempotency on;
+        idempotency_wait 300ms;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
+    }
+
+    location = /backend {
+        access_log logs/error.log exec;
+        limit_rate 80;
+        return 201 "slow done\n";
+    }
+--- init
+main::first_request('/t', 'wait-2');
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: wait-2
+--- error_code: 409
+--- response_headers
+Retry-After: 1
+
+
+
+=== TEST 5: a client that went away after its request went upstream keeps the claim
+--- http_config eval: $::HttpConfig
+--- config eval: $::Config
+--- init
+main::first_request('/t', 'gone-1', 0.2);
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: gone-1
+--- error_code: 409
+--- wait: 3
+--- grep_error_log: EXEC POST /backend gone-1
+--- grep_error_log_out
+EXEC POST /backend gone-1
+--- error_log
+the claim is kept until idempotency_lock_ttl ends
