@@ -385,8 +385,7 @@ ngx_http_idempotency_capture(ngx_http_request_t *r,
 void
 ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx)
 {
-    u_char                             *p;
-    ngx_str_t                           args[6], *key;
+    ngx_str_t                           args[6];
     ngx_uint_t                          script, nargs;
     ngx_http_request_t                 *r;
     ngx_http_idempotency_redis_op_t    *op;
@@ -440,18 +439,6 @@ ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx)
         args[5].len = ngx_sprintf(ttl, "%M", ilcf->ttl) - ttl;
     }
 
-    /* the request may be gone when the reply comes: keep a copy to log */
-
-    key = ngx_alloc(sizeof(ngx_str_t) + ctx->rkey.len, r->connection->log);
-    if (key == NULL) {
-        return;
-    }
-
-    p = (u_char *) key + sizeof(ngx_str_t);
-    key->data = p;
-    key->len = ctx->rkey.len;
-    ngx_memcpy(p, ctx->rkey.data, ctx->rkey.len);
-
     ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
                    "idempotency %s \"%V\"",
                    script == NGX_HTTP_IDEMPOTENCY_SCRIPT_RELEASE
@@ -460,17 +447,18 @@ ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx)
     op = ngx_http_idempotency_redis_script(ilcf->redis, script, &ctx->rkey,
                                            args, nargs,
                                            ngx_http_idempotency_settle_handler,
-                                           key, r->connection->log);
+                                           NULL, r->connection->log);
     if (op == NULL) {
         ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
                       "idempotency: cannot reach Redis to %s \"%V\", "
                       "the claim stays until idempotency_lock_ttl ends",
                       script == NGX_HTTP_IDEMPOTENCY_SCRIPT_RELEASE
                       ? "release" : "store", &ctx->rkey);
-        ngx_free(key);
     }
 }
 
+
+/* no request here: it may be long gone; data is the op's copy of the key */
 
 static void
 ngx_http_idempotency_settle_handler(void *data, redisReply *reply,
@@ -496,6 +484,4 @@ ngx_http_idempotency_settle_handler(void *data, redisReply *reply,
                       "idempotency_lock_ttl ended before the response), "
                       "the response was not stored", key);
     }
-
-    ngx_free(key);
 }

@@ -85,6 +85,7 @@ struct ngx_http_idempotency_redis_op_s {
     ngx_uint_t                           nargs;
     u_char                              *tail;     /* RESP key and args */
     size_t                               tail_len;
+    ngx_str_t                            key;      /* inside the tail */
 
     unsigned                             eval:1;   /* resent as EVAL */
 };
@@ -906,6 +907,13 @@ ngx_http_idempotency_redis_script(ngx_http_idempotency_redis_conf_t *rcf,
     op->tail = (u_char *) &op[1] + reserve;
 
     p = ngx_http_idempotency_redis_bulk(op->tail, key);
+
+    op->key.len = key->len;
+    op->key.data = p - (sizeof("\r\n") - 1) - key->len;
+
+    if (data == NULL) {
+        op->data = &op->key;
+    }
 
     for (i = 0; i < nargs; i++) {
         p = ngx_http_idempotency_redis_bulk(p, &args[i]);

@@ -59,7 +59,8 @@ typedef struct {
 
 
 /*
- * Called exactly once per op, unless the op was cancelled before: with
+ * Called exactly once per op, unless the op was cancelled before or the
+ * worker exits with the op pending: with
  * rc == NGX_HTTP_IDEMPOTENCY_REDIS_OK and the reply (which hiredis frees
  * right after the call: copy what you keep), or with another rc and
  * reply == NULL.  The handler may issue new commands.
@@ -77,7 +78,9 @@ void ngx_http_idempotency_redis_exit_process(ngx_cycle_t *cycle);
  * a separate binary-safe argument.  The arguments are copied before the
  * call returns.  Returns NULL (and calls nothing) when the command cannot be
  * queued now, e.g. while Redis is unreachable; the caller applies its
- * failure policy at once.
+ * failure policy at once.  With data NULL the handler gets the op's own copy
+ * of the key (an ngx_str_t *) as its data, for fire-and-forget commands that
+ * outlive their request and only need the key to log.
  */
 ngx_http_idempotency_redis_op_t *ngx_http_idempotency_redis_script(
     ngx_http_idempotency_redis_conf_t *rcf, ngx_uint_t script, ngx_str_t *key,

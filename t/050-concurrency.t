@@ -190,3 +190,33 @@ Idempotency-Key: gone-1
 EXEC POST /backend gone-1
 --- error_log
 the claim is kept until idempotency_lock_ttl ends
+
+
+
+=== TEST 6: a claim that expired is not overwritten by its late owner
+--- http_config eval: $::HttpConfig
+--- config
+    location = /t {
+        idempotency on;
+        idempotency_lock_ttl 300ms;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
+    }
+
+    location = /backend {
+        access_log logs/error.log exec;
+        limit_rate 80;
+        return 201 "slow done\n";
+    }
+--- init
+main::first_request('/t', 'fence-1');
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: fence-1
+--- error_code: 201
+--- response_headers
+!Idempotent-Replayed
+--- wait: 1
+--- error_log eval
+qr/the claim on "[^"]+:fence-1" was lost/
