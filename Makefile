@@ -30,7 +30,7 @@ endif
 
 .DEFAULT_GOAL := build
 .PHONY: build setup check-load check-example check-src \
-        run stop test test-valgrind clean help FORCE
+        run stop test test-valgrind lint clean help FORCE
 
 build: check-load
 
@@ -71,6 +71,9 @@ test: build check-example
 test-valgrind: build check-example
 	@scripts/test.sh --valgrind
 
+lint: build
+	@scripts/lint.sh
+
 clean:
 	@scripts/stop.sh --quiet
 	rm -rf build t/servroot*
@@ -84,6 +87,7 @@ help:
 	@echo 'make stop           stop what make run started'
 	@echo 'make test           unit tests (t/unit) and prove t/*.t; TESTS=t/x.t for a subset'
 	@echo 'make test-valgrind  the same with nginx under valgrind memcheck'
+	@echo 'make lint           cppcheck and clang-tidy over src/'
 	@echo 'make check-example  nginx -t on the rendered examples/nginx.conf'
 	@echo 'make check-src      verify the nginx-dev tree is unmodified'
 	@echo 'make clean          stop the demo, remove build/'

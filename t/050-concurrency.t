@@ -11,13 +11,18 @@ use POSIX ();
 $ENV{TEST_NGINX_REDIS_PORT} ||= 6379;
 $ENV{TEST_NGINX_PREFIX} ||= "t050-$$-" . time() . ":";
 
+# under valgrind everything is many times slower: so is our choreography
+our $Slow = $ENV{TEST_NGINX_USE_VALGRIND} ? 6 : 1;
+our $Rate = int(80 / $Slow);
+
 our $HttpConfig = qq{
     log_format exec 'EXEC \$request_method \$uri \$http_idempotency_key';
     idempotency_redis 127.0.0.1:$ENV{TEST_NGINX_REDIS_PORT}
                       prefix=$ENV{TEST_NGINX_PREFIX};
 };
 
-# about 2 s for the upstream's response (limit_rate counts the header too)
+# about 2 s for the upstream's response (limit_rate counts the header too),
+# longer under valgrind
 our $Config = q{
     location = /t {
         idempotency on;
@@ -27,14 +32,14 @@ our $Config = q{
 
     location = /wait {
         idempotency on;
-        idempotency_wait 10s;
+        idempotency_wait 60s;
         add_header X-Idempotency-Status $idempotency_status always;
         proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
     }
 
     location = /backend {
         access_log logs/error.log exec;
-        limit_rate 80;
+        limit_rate $TEST_NGINX_RATE;
         return 201 "slow done\n";
     }
 };
@@ -61,7 +66,7 @@ sub first_request {
                     . "Idempotency-Key: $key\r\nContent-Length: 1\r\n"
                     . "Connection: close\r\n\r\nx";
         if ($hangup) {
-            select(undef, undef, undef, $hangup);
+            select(undef, undef, undef, $hangup * $main::Slow);
             close $sock;
             POSIX::_exit(0);
         }
@@ -72,8 +77,10 @@ sub first_request {
     }
 
     waitpid($pid, 0);
-    select(undef, undef, undef, 0.5);
+    select(undef, undef, undef, 0.5 * $main::Slow);
 }
+
+$ENV{TEST_NGINX_RATE} = $Rate;
 
 no_shuffle();
 run_tests();
@@ -97,7 +104,7 @@ Content-Type: application/problem+json
 X-Idempotency-Status: CONFLICT
 --- response_body_like chomp
 "title":"A request is outstanding for this Idempotency-Key"
---- wait: 3
+--- wait eval: 3 * $::Slow
 --- grep_error_log: EXEC POST /backend busy-1
 --- grep_error_log_out
 EXEC POST /backend busy-1
@@ -132,7 +139,7 @@ POST /wait
 x
 --- more_headers
 Idempotency-Key: wait-1
---- timeout: 10
+--- timeout eval: 10 * $::Slow
 --- error_code: 201
 --- response_headers
 Idempotent-Replayed: true
@@ -157,7 +164,7 @@ EXEC POST /backend wait-1
 
     location = /backend {
         access_log logs/error.log exec;
-        limit_rate 80;
+        limit_rate $TEST_NGINX_RATE;
         return 201 "slow done\n";
     }
 --- init
@@ -184,7 +191,7 @@ x
 --- more_headers
 Idempotency-Key: gone-1
 --- error_code: 409
---- wait: 3
+--- wait eval: 3 * $::Slow
 --- grep_error_log: EXEC POST /backend gone-1
 --- grep_error_log_out
 EXEC POST /backend gone-1
@@ -204,7 +211,7 @@ the claim is kept until idempotency_lock_ttl ends
 
     location = /backend {
         access_log logs/error.log exec;
-        limit_rate 80;
+        limit_rate $TEST_NGINX_RATE;
         return 201 "slow done\n";
     }
 --- init
@@ -217,6 +224,6 @@ Idempotency-Key: fence-1
 --- error_code: 201
 --- response_headers
 !Idempotent-Replayed
---- wait: 1
+--- wait eval: 1 * $::Slow
 --- error_log eval
 qr/the claim on "[^"]+:fence-1" was lost/
