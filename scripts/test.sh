@@ -100,6 +100,9 @@ prove_tests() {
     export TEST_NGINX_LOAD_MODULES=$BUILD/ngx_http_idempotency_module.so
     export TEST_NGINX_SERVROOT=$out/servroot
     export TEST_NGINX_NO_SHUFFLE=1
+    # a free port rather than Test::Nginx's fixed 1984: another checkout's
+    # run (or anything else on 1984) must not meet ours
+    export TEST_NGINX_SERVER_PORT=${TEST_NGINX_SERVER_PORT:-$(free_port)}
     if [ -n "$valgrind" ]; then
         export TEST_NGINX_USE_VALGRIND=1
         export TEST_NGINX_VALGRIND_LOG=$out/valgrind.log

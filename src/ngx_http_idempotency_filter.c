@@ -12,7 +12,8 @@ static ngx_int_t ngx_http_idempotency_body_filter(ngx_http_request_t *r,
     ngx_chain_t *in);
 static ngx_int_t ngx_http_idempotency_snapshot(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
-static ngx_uint_t ngx_http_idempotency_stored_header(ngx_table_elt_t *h);
+static ngx_uint_t ngx_http_idempotency_stored_header(
+    ngx_http_idempotency_ctx_t *ctx, ngx_table_elt_t *h);
 static ngx_int_t ngx_http_idempotency_capture(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, ngx_buf_t *b);
 static void ngx_http_idempotency_settle_handler(void *data, redisReply *reply,
@@ -21,28 +22,6 @@ static void ngx_http_idempotency_settle_handler(void *data, redisReply *reply,
 
 static ngx_http_output_header_filter_pt  ngx_http_next_header_filter;
 static ngx_http_output_body_filter_pt    ngx_http_next_body_filter;
-
-
-/* never replayed: hop-by-hop, regenerated, or per-client headers */
-
-static ngx_str_t  ngx_http_idempotency_skip_headers[] = {
-    ngx_string("Connection"),
-    ngx_string("Keep-Alive"),
-    ngx_string("Proxy-Authenticate"),
-    ngx_string("Proxy-Authorization"),
-    ngx_string("Proxy-Connection"),
-    ngx_string("TE"),
-    ngx_string("Trailer"),
-    ngx_string("Transfer-Encoding"),
-    ngx_string("Upgrade"),
-    ngx_string("Date"),
-    ngx_string("Server"),
-    ngx_string("Set-Cookie"),
-    ngx_string("Content-Length"),
-    ngx_string("Content-Type"),
-    ngx_string("Idempotent-Replayed"),
-    ngx_null_string
-};
 
 
 ngx_int_t
@@ -187,7 +166,7 @@ ngx_http_idempotency_snapshot(ngx_http_request_t *r,
             i = 0;
         }
 
-        if (ngx_http_idempotency_stored_header(&h[i])) {
+        if (ngx_http_idempotency_stored_header(ctx, &h[i])) {
             len += ngx_http_idempotency_record_header_size(h[i].key.len,
                                                            h[i].value.len);
         }
@@ -233,7 +212,7 @@ ngx_http_idempotency_snapshot(ngx_http_request_t *r,
             i = 0;
         }
 
-        if (ngx_http_idempotency_stored_header(&h[i])) {
+        if (ngx_http_idempotency_stored_header(ctx, &h[i])) {
             p = ngx_http_idempotency_record_write_header(p,
                                    h[i].key.data, h[i].key.len,
                                    h[i].value.data, h[i].value.len);
@@ -247,23 +226,14 @@ ngx_http_idempotency_snapshot(ngx_http_request_t *r,
 
 
 static ngx_uint_t
-ngx_http_idempotency_stored_header(ngx_table_elt_t *h)
+ngx_http_idempotency_stored_header(ngx_http_idempotency_ctx_t *ctx,
+    ngx_table_elt_t *h)
 {
-    ngx_str_t  *name;
-
     if (h->hash == 0) {
         return 0;
     }
 
-    for (name = ngx_http_idempotency_skip_headers; name->len; name++) {
-        if (h->key.len == name->len
-            && ngx_strncasecmp(h->key.data, name->data, name->len) == 0)
-        {
-            return 0;
-        }
-    }
-
-    return 1;
+    return ngx_http_idempotency_header_stored(ctx->conf, &h->key);
 }
 
 

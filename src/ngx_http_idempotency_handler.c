@@ -16,6 +16,10 @@
 #define NGX_HTTP_IDEMPOTENCY_WAIT_STEP_MAX  500
 
 
+/* duplicates of this worker waiting for a timer now (idempotency_wait) */
+static ngx_uint_t  ngx_http_idempotency_waiters;
+
+
 static ngx_int_t ngx_http_idempotency_start(ngx_http_request_t *r,
     ngx_http_idempotency_loc_conf_t *ilcf);
 static ngx_int_t ngx_http_idempotency_find_key(ngx_http_request_t *r,
@@ -181,8 +185,7 @@ ngx_http_idempotency_start(ngx_http_request_t *r,
     }
 
     krc = ngx_http_idempotency_key_parse(value.data, value.len, ctx->key.data,
-                                         &ctx->key.len,
-                                         NGX_HTTP_IDEMPOTENCY_KEY_MAX_LEN);
+                                         &ctx->key.len, ilcf->key_max_length);
 
     if (krc != NGX_HTTP_IDEMPOTENCY_KEY_OK) {
         ctx->key.len = 0;
@@ -662,6 +665,17 @@ ngx_http_idempotency_conflict(ngx_http_request_t *r,
                                             NGX_HTTP_IDEMPOTENCY_CONFLICT);
     }
 
+    /* each waiter polls at most twice a second; their number is bounded */
+
+    if (ngx_http_idempotency_waiters >= NGX_HTTP_IDEMPOTENCY_MAX_WAITERS) {
+        ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
+                      "idempotency: %d duplicates wait already, "
+                      "answering 409 at once",
+                      NGX_HTTP_IDEMPOTENCY_MAX_WAITERS);
+        return ngx_http_idempotency_problem(r, ctx,
+                                            NGX_HTTP_IDEMPOTENCY_CONFLICT);
+    }
+
     /* poll the record with a growing step until it completes */
 
     step = ngx_min(ctx->wait_step, ctx->wait_until - ngx_current_msec);
@@ -674,6 +688,7 @@ ngx_http_idempotency_conflict(ngx_http_request_t *r,
     ev->log = r->connection->log;
 
     ngx_add_timer(ev, step);
+    ngx_http_idempotency_waiters++;
 
     ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_WAITING;
 
@@ -691,6 +706,8 @@ ngx_http_idempotency_wait_handler(ngx_event_t *ev)
     ngx_http_idempotency_ctx_t  *ctx;
 
     r = ev->data;
+
+    ngx_http_idempotency_waiters--;
 
     ctx = ngx_http_idempotency_get_ctx(r);
     if (ctx == NULL || ctx->state != NGX_HTTP_IDEMPOTENCY_STATE_WAITING) {
@@ -889,6 +906,7 @@ ngx_http_idempotency_cleanup(void *data)
 
     if (ctx->wait_timer.timer_set) {
         ngx_del_timer(&ctx->wait_timer);
+        ngx_http_idempotency_waiters--;
     }
 
     ngx_http_idempotency_settle(ctx);

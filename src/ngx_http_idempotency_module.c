@@ -35,6 +35,15 @@ static char *ngx_http_idempotency_on_store_error(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
 static char *ngx_http_idempotency_store_status(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
+static char *ngx_http_idempotency_key_max_length(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
+static char *ngx_http_idempotency_problem_type(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
+static char *ngx_http_idempotency_header_list(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
+static char *ngx_http_idempotency_merge_headers(ngx_conf_t *cf,
+    ngx_http_idempotency_loc_conf_t *conf,
+    ngx_http_idempotency_loc_conf_t *prev);
 static char *ngx_http_idempotency_store_status_parse(ngx_conf_t *cf,
     ngx_command_t *cmd, ngx_http_idempotency_loc_conf_t *ilcf,
     ngx_str_t *value);
@@ -141,6 +150,34 @@ static ngx_command_t  ngx_http_idempotency_commands[] = {
       offsetof(ngx_http_idempotency_loc_conf_t, on_store_error),
       &ngx_http_idempotency_on_store_error_enum },
 
+    { ngx_string("idempotency_key_max_length"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_idempotency_key_max_length,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idempotency_loc_conf_t, key_max_length),
+      NULL },
+
+    { ngx_string("idempotency_problem_type"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_idempotency_problem_type,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idempotency_loc_conf_t, problem_type),
+      NULL },
+
+    { ngx_string("idempotency_hide_header"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_idempotency_header_list,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idempotency_loc_conf_t, hide_headers),
+      NULL },
+
+    { ngx_string("idempotency_pass_header"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_idempotency_header_list,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idempotency_loc_conf_t, pass_headers),
+      NULL },
+
     { ngx_string("idempotency_store_status"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_1MORE,
       ngx_http_idempotency_store_status,
@@ -188,6 +225,36 @@ static ngx_str_t  ngx_http_idempotency_default_store_status[] = {
     ngx_string("1xx"), ngx_string("2xx"), ngx_string("3xx"),
     ngx_string("4xx"), ngx_string("!408"), ngx_string("!409"),
     ngx_string("!425"), ngx_string("!429")
+};
+
+
+/*
+ * Response headers never stored: hop-by-hop ones, those nginx regenerates
+ * or computes on replay, and the replay marker itself.
+ */
+static ngx_str_t  ngx_http_idempotency_never_headers[] = {
+    ngx_string("Connection"),
+    ngx_string("Keep-Alive"),
+    ngx_string("Proxy-Authenticate"),
+    ngx_string("Proxy-Authorization"),
+    ngx_string("Proxy-Connection"),
+    ngx_string("TE"),
+    ngx_string("Trailer"),
+    ngx_string("Transfer-Encoding"),
+    ngx_string("Upgrade"),
+    ngx_string("Date"),
+    ngx_string("Server"),
+    ngx_string("Content-Length"),
+    ngx_string("Content-Type"),
+    ngx_string("Idempotent-Replayed"),
+    ngx_null_string
+};
+
+
+/* not stored unless idempotency_pass_header names them */
+static ngx_str_t  ngx_http_idempotency_hidden_headers[] = {
+    ngx_string("Set-Cookie"),
+    ngx_null_string
 };
 
 
@@ -272,6 +339,9 @@ ngx_http_idempotency_create_loc_conf(ngx_conf_t *cf)
     ilcf->wait = NGX_CONF_UNSET_MSEC;
     ilcf->max_response_size = NGX_CONF_UNSET_SIZE;
     ilcf->on_store_error = NGX_CONF_UNSET_UINT;
+    ilcf->key_max_length = NGX_CONF_UNSET_UINT;
+    ilcf->hide_headers = NGX_CONF_UNSET_PTR;
+    ilcf->pass_headers = NGX_CONF_UNSET_PTR;
 
     return ilcf;
 }
@@ -301,6 +371,14 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
                               prev->max_response_size, 1024 * 1024);
     ngx_conf_merge_uint_value(conf->on_store_error, prev->on_store_error,
                               NGX_HTTP_IDEMPOTENCY_STORE_ERROR_CLOSED);
+    ngx_conf_merge_uint_value(conf->key_max_length, prev->key_max_length,
+                              NGX_HTTP_IDEMPOTENCY_KEY_MAX_LEN);
+    ngx_conf_merge_str_value(conf->problem_type, prev->problem_type,
+                             "urn:ngx-idempotency:");
+
+    if (ngx_http_idempotency_merge_headers(cf, conf, prev) != NGX_CONF_OK) {
+        return NGX_CONF_ERROR;
+    }
 
     if (conf->header.data == NULL) {
         if (prev->header.data == NULL) {
@@ -912,6 +990,237 @@ ngx_http_idempotency_on_store_error(ngx_conf_t *cf, ngx_command_t *cmd,
                        "it must be \"closed\" or \"open\"",
                        &value[1], &cmd->name);
     return NGX_CONF_ERROR;
+}
+
+
+static char *
+ngx_http_idempotency_key_max_length(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ngx_http_idempotency_loc_conf_t *ilcf = conf;
+
+    ngx_int_t   n;
+    ngx_str_t  *value;
+
+    if (ilcf->key_max_length != NGX_CONF_UNSET_UINT) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    n = ngx_atoi(value[1].data, value[1].len);
+
+    if (n == NGX_ERROR || n < 1 || n > NGX_HTTP_IDEMPOTENCY_KEY_LIMIT) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid length \"%V\" in \"%V\" directive, "
+                           "1 to %d is expected", &value[1], &cmd->name,
+                           NGX_HTTP_IDEMPOTENCY_KEY_LIMIT);
+        return NGX_CONF_ERROR;
+    }
+
+    ilcf->key_max_length = n;
+
+    return NGX_CONF_OK;
+}
+
+
+static char *
+ngx_http_idempotency_problem_type(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ngx_http_idempotency_loc_conf_t *ilcf = conf;
+
+    ngx_str_t   *value;
+    ngx_uint_t   i;
+
+    if (ilcf->problem_type.data) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    /* it goes into a JSON string as it is */
+
+    for (i = 0; i < value[1].len; i++) {
+        if (value[1].data[i] <= ' ' || value[1].data[i] >= 0x7f
+            || value[1].data[i] == '"' || value[1].data[i] == '\\')
+        {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "invalid URI \"%V\" in \"%V\" directive",
+                               &value[1], &cmd->name);
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    ilcf->problem_type = value[1];
+
+    return NGX_CONF_OK;
+}
+
+
+static ngx_uint_t
+ngx_http_idempotency_header_in(ngx_str_t *list, ngx_str_t *name)
+{
+    for ( /* void */ ; list->len; list++) {
+        if (list->len == name->len
+            && ngx_strncasecmp(list->data, name->data, name->len) == 0)
+        {
+            return 1;
+        }
+    }
+
+    return 0;
+}
+
+
+/* idempotency_hide_header and idempotency_pass_header */
+
+static char *
+ngx_http_idempotency_header_list(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    char  *p = conf;
+
+    ngx_str_t     *value, *h;
+    ngx_array_t  **a;
+
+    a = (ngx_array_t **) (p + cmd->offset);
+
+    value = cf->args->elts;
+
+    if (cmd->offset
+        == offsetof(ngx_http_idempotency_loc_conf_t, pass_headers)
+        && !ngx_http_idempotency_header_in(ngx_http_idempotency_hidden_headers,
+                                           &value[1]))
+    {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"%V\" in \"%V\" directive: only a header "
+                           "hidden by default (Set-Cookie) can be passed; "
+                           "%s", &value[1], &cmd->name,
+                           ngx_http_idempotency_header_in(
+                               ngx_http_idempotency_never_headers, &value[1])
+                           ? "this one is never replayed"
+                           : "this one is replayed anyway");
+        return NGX_CONF_ERROR;
+    }
+
+    if (*a == NGX_CONF_UNSET_PTR) {
+        *a = ngx_array_create(cf->pool, 4, sizeof(ngx_str_t));
+        if (*a == NULL) {
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    h = ngx_array_push(*a);
+    if (h == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    *h = value[1];
+
+    return NGX_CONF_OK;
+}
+
+
+/*
+ * The list of response headers a location never stores: the fixed list,
+ * the hidden ones that are not passed, and the ones it hides itself.
+ * hide/pass lists inherit as a whole, like proxy_hide_header.
+ */
+
+static char *
+ngx_http_idempotency_merge_headers(ngx_conf_t *cf,
+    ngx_http_idempotency_loc_conf_t *conf,
+    ngx_http_idempotency_loc_conf_t *prev)
+{
+    ngx_str_t   *h, *s;
+    ngx_uint_t   i;
+
+    ngx_conf_merge_ptr_value(conf->hide_headers, prev->hide_headers, NULL);
+    ngx_conf_merge_ptr_value(conf->pass_headers, prev->pass_headers, NULL);
+
+    if (prev->skip_headers
+        && conf->hide_headers == prev->hide_headers
+        && conf->pass_headers == prev->pass_headers)
+    {
+        conf->skip_headers = prev->skip_headers;
+        return NGX_CONF_OK;
+    }
+
+    conf->skip_headers = ngx_array_create(cf->pool, 20, sizeof(ngx_str_t));
+    if (conf->skip_headers == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    for (h = ngx_http_idempotency_never_headers; h->len; h++) {
+        s = ngx_array_push(conf->skip_headers);
+        if (s == NULL) {
+            return NGX_CONF_ERROR;
+        }
+
+        *s = *h;
+    }
+
+    for (h = ngx_http_idempotency_hidden_headers; h->len; h++) {
+        if (conf->pass_headers) {
+            s = conf->pass_headers->elts;
+
+            for (i = 0; i < conf->pass_headers->nelts; i++) {
+                if (s[i].len == h->len
+                    && ngx_strncasecmp(s[i].data, h->data, h->len) == 0)
+                {
+                    break;
+                }
+            }
+
+            if (i < conf->pass_headers->nelts) {
+                continue;
+            }
+        }
+
+        s = ngx_array_push(conf->skip_headers);
+        if (s == NULL) {
+            return NGX_CONF_ERROR;
+        }
+
+        *s = *h;
+    }
+
+    if (conf->hide_headers) {
+        h = conf->hide_headers->elts;
+
+        for (i = 0; i < conf->hide_headers->nelts; i++) {
+            s = ngx_array_push(conf->skip_headers);
+            if (s == NULL) {
+                return NGX_CONF_ERROR;
+            }
+
+            *s = h[i];
+        }
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+ngx_uint_t
+ngx_http_idempotency_header_stored(ngx_http_idempotency_loc_conf_t *ilcf,
+    ngx_str_t *name)
+{
+    ngx_str_t   *s;
+    ngx_uint_t   i;
+
+    s = ilcf->skip_headers->elts;
+
+    for (i = 0; i < ilcf->skip_headers->nelts; i++) {
+        if (s[i].len == name->len
+            && ngx_strncasecmp(s[i].data, name->data, name->len) == 0)
+        {
+            return 0;
+        }
+    }
+
+    return 1;
 }
 
 

@@ -18,6 +18,10 @@
 #define NGX_HTTP_IDEMPOTENCY_STORE_ERROR_OPEN    1
 
 #define NGX_HTTP_IDEMPOTENCY_KEY_MAX_LEN         255
+#define NGX_HTTP_IDEMPOTENCY_KEY_LIMIT           8192
+
+/* duplicates waiting at once in one worker (idempotency_wait) */
+#define NGX_HTTP_IDEMPOTENCY_MAX_WAITERS         1024
 
 /* statuses 0 .. 599 as a bitmap */
 #define NGX_HTTP_IDEMPOTENCY_STATUS_MAX          600
@@ -72,6 +76,11 @@ typedef struct {
     size_t                               max_response_size;
     ngx_uint_t                           on_store_error;
     uint8_t                             *store_status;  /* bitmap */
+    ngx_uint_t                           key_max_length;
+    ngx_str_t                            problem_type;
+    ngx_array_t                         *hide_headers;  /* of ngx_str_t */
+    ngx_array_t                         *pass_headers;  /* of ngx_str_t */
+    ngx_array_t                         *skip_headers;  /* merged result */
 } ngx_http_idempotency_loc_conf_t;
 
 
@@ -128,6 +137,8 @@ ngx_int_t ngx_http_idempotency_send_problem(ngx_http_request_t *r,
 
 ngx_uint_t ngx_http_idempotency_status_storable(
     ngx_http_idempotency_loc_conf_t *ilcf, ngx_uint_t status);
+ngx_uint_t ngx_http_idempotency_header_stored(
+    ngx_http_idempotency_loc_conf_t *ilcf, ngx_str_t *name);
 
 
 extern ngx_module_t  ngx_http_idempotency_module;

@@ -7,14 +7,11 @@
 
 typedef struct {
     ngx_uint_t   status;
-    ngx_str_t    type;
+    ngx_str_t    type;      /* after the idempotency_problem_type prefix */
     ngx_str_t    title;
     ngx_str_t    detail;
     ngx_uint_t   retry_after;    /* seconds, 0: no header */
 } ngx_http_idempotency_problem_t;
-
-
-#define NGX_HTTP_IDEMPOTENCY_PROBLEM_TYPE  "urn:ngx-idempotency:"
 
 
 /* titles follow the IETF httpapi Idempotency-Key draft where it has one */
@@ -22,35 +19,36 @@ typedef struct {
 static ngx_http_idempotency_problem_t  ngx_http_idempotency_problems[] = {
 
     { NGX_HTTP_BAD_REQUEST,
-      ngx_string(NGX_HTTP_IDEMPOTENCY_PROBLEM_TYPE "missing-key"),
+      ngx_string("missing-key"),
       ngx_string("Idempotency-Key is missing"),
       ngx_string("This operation is idempotent and it requires correct "
                  "usage of Idempotency Key."),
       0 },
 
     { NGX_HTTP_BAD_REQUEST,
-      ngx_string(NGX_HTTP_IDEMPOTENCY_PROBLEM_TYPE "invalid-key"),
+      ngx_string("invalid-key"),
       ngx_string("Idempotency-Key is invalid"),
-      ngx_string("The Idempotency-Key header must be sent once, as 1 to "
-                 "255 visible ASCII characters or as a quoted string."),
+      ngx_string("The Idempotency-Key header must be sent once, as "
+                 "visible ASCII characters or as a quoted string, and "
+                 "not be longer than the server accepts."),
       0 },
 
     { NGX_HTTP_CONFLICT,
-      ngx_string(NGX_HTTP_IDEMPOTENCY_PROBLEM_TYPE "request-in-progress"),
+      ngx_string("request-in-progress"),
       ngx_string("A request is outstanding for this Idempotency-Key"),
       ngx_string("The first request with this key is still being "
                  "processed; retry later to get its response."),
       1 },
 
     { 422,
-      ngx_string(NGX_HTTP_IDEMPOTENCY_PROBLEM_TYPE "key-reused"),
+      ngx_string("key-reused"),
       ngx_string("Idempotency-Key is already used"),
       ngx_string("This Idempotency-Key was used with a different request; "
                  "a key must not be reused across different payloads."),
       0 },
 
     { 422,
-      ngx_string(NGX_HTTP_IDEMPOTENCY_PROBLEM_TYPE "response-not-stored"),
+      ngx_string("response-not-stored"),
       ngx_string("Response for this Idempotency-Key is not available"),
       ngx_string("The operation for this key has completed, but its "
                  "response was too large to be stored and cannot be "
@@ -58,7 +56,7 @@ static ngx_http_idempotency_problem_t  ngx_http_idempotency_problems[] = {
       0 },
 
     { NGX_HTTP_SERVICE_UNAVAILABLE,
-      ngx_string(NGX_HTTP_IDEMPOTENCY_PROBLEM_TYPE "store-unavailable"),
+      ngx_string("store-unavailable"),
       ngx_string("Idempotency store is unavailable"),
       ngx_string("The request was not processed because its "
                  "Idempotency-Key could not be checked; retry later."),
@@ -101,9 +99,11 @@ ngx_http_idempotency_send_problem(ngx_http_request_t *r,
     ngx_buf_t                       *b;
     ngx_chain_t                      out;
     ngx_table_elt_t                 *h;
-    ngx_http_idempotency_problem_t  *pr;
+    ngx_http_idempotency_problem_t   *pr;
+    ngx_http_idempotency_loc_conf_t  *ilcf;
 
     pr = ngx_http_idempotency_problem_of(outcome);
+    ilcf = ngx_http_get_module_loc_conf(r, ngx_http_idempotency_module);
 
     /* keeps a keep-alive connection in step when the body was not read */
 
@@ -114,7 +114,8 @@ ngx_http_idempotency_send_problem(ngx_http_request_t *r,
     /* the texts are constants: nothing from the request is echoed */
 
     len = sizeof("{\"type\":\"\",\"title\":\"\",\"status\":,\"detail\":\"\"}\n")
-          - 1 + pr->type.len + pr->title.len + NGX_INT_T_LEN + pr->detail.len;
+          - 1 + ilcf->problem_type.len + pr->type.len + pr->title.len
+          + NGX_INT_T_LEN + pr->detail.len;
 
     b = ngx_create_temp_buf(r->pool, len);
     if (b == NULL) {
@@ -122,9 +123,10 @@ ngx_http_idempotency_send_problem(ngx_http_request_t *r,
     }
 
     b->last = ngx_sprintf(b->last,
-                          "{\"type\":\"%V\",\"title\":\"%V\",\"status\":%ui,"
-                          "\"detail\":\"%V\"}\n",
-                          &pr->type, &pr->title, pr->status, &pr->detail);
+                          "{\"type\":\"%V%V\",\"title\":\"%V\","
+                          "\"status\":%ui,\"detail\":\"%V\"}\n",
+                          &ilcf->problem_type, &pr->type, &pr->title,
+                          pr->status, &pr->detail);
     b->last_buf = (r == r->main) ? 1 : 0;
     b->last_in_chain = 1;
 

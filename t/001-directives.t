@@ -26,6 +26,10 @@ __DATA__
     idempotency_max_response_size 1m;
     idempotency_on_store_error closed;
     idempotency_store_status 1xx 2xx 3xx 4xx !408 !409 !425 !429;
+    idempotency_key_max_length 255;
+    idempotency_problem_type urn:ngx-idempotency:;
+    idempotency_hide_header X-Debug;
+    idempotency_pass_header Set-Cookie;
 --- config
     idempotency_ttl 1h;
     idempotency_methods post put delete;
@@ -44,6 +48,11 @@ __DATA__
         idempotency_max_response_size 0;
         idempotency_on_store_error open;
         idempotency_store_status 200 201 4xx !404;
+        idempotency_key_max_length 1024;
+        idempotency_problem_type https://docs.example.com/problems/;
+        idempotency_hide_header X-Trace;
+        idempotency_hide_header X-Internal;
+        idempotency_pass_header set-cookie;
         return 200 "ok\n";
     }
 --- request
@@ -322,3 +331,33 @@ Idempotency-Key: abc
 --- error_code: 400
 --- response_body_like chomp
 "title":"Idempotency-Key is missing"
+
+
+
+=== TEST 23: a key length limit out of range is an error
+--- config
+    idempotency_key_max_length 0;
+--- must_die
+--- error_log
+[emerg]
+invalid length "0" in "idempotency_key_max_length" directive
+
+
+
+=== TEST 24: a problem type that cannot go into JSON is an error
+--- config
+    idempotency_problem_type "https://x/\"y";
+--- must_die
+--- error_log
+[emerg]
+in "idempotency_problem_type" directive
+
+
+
+=== TEST 25: a header that is never replayed cannot be passed
+--- config
+    idempotency_pass_header Date;
+--- must_die
+--- error_log
+[emerg]
+"Date" in "idempotency_pass_header" directive: only a header hidden by default (Set-Cookie) can be passed; this one is never replayed
