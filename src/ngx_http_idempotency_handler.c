@@ -758,6 +758,9 @@ ngx_http_idempotency_replay(ngx_http_request_t *r,
 
     ctx->replaying = 1;
 
+    /* what was stored is sent, as for a proxied response: no 304 from it */
+    r->disable_not_modified = 1;
+
     r->headers_out.status = ctx->reply_status;
 
     p = ctx->reply_headers.data;
