@@ -350,6 +350,14 @@ ngx_http_idempotency_capture(ngx_http_request_t *r,
  * so that a retry runs; one that ended before it was complete (client gone,
  * upstream cut off) keeps the claim until the lock TTL, because the
  * operation may have run.
+ *
+ * STORE and RELEASE are retryable ops: if Redis cannot be reached, the
+ * adapter keeps the command (with its copy of the response) and sends it
+ * again once Redis is back, until the claim's lock TTL ends.  After that a
+ * store would be refused by the owner check anyway (the claim is gone or
+ * someone else's), so that is the op's deadline.  Running either script
+ * twice is harmless: a second STORE with the same owner writes the same
+ * record, a second RELEASE finds no claim of ours.
  */
 
 void
@@ -414,44 +422,90 @@ ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx)
                    script == NGX_HTTP_IDEMPOTENCY_SCRIPT_RELEASE
                    ? "release" : "store", &ctx->rkey);
 
-    op = ngx_http_idempotency_redis_script(ilcf->redis, script, &ctx->rkey,
-                                           args, nargs,
+    op = ngx_http_idempotency_redis_script_retry(ilcf->redis, script,
+                                           &ctx->rkey, args, nargs,
+                                           ctx->claimed + ilcf->lock_ttl,
                                            ngx_http_idempotency_settle_handler,
                                            NULL, r->connection->log);
     if (op == NULL) {
         ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                      "idempotency: cannot reach Redis to %s \"%V\", "
-                      "the claim stays until idempotency_lock_ttl ends",
+                      "idempotency: cannot send or keep the %s of "
+                      "\"%V\" (no memory, or the worker is exiting), the "
+                      "claim stays until idempotency_lock_ttl ends",
                       script == NGX_HTTP_IDEMPOTENCY_SCRIPT_RELEASE
                       ? "release" : "store", &ctx->rkey);
     }
 }
 
 
-/* no request here: it may be long gone; data is the op's copy of the key */
+/*
+ * No request here: it may be long gone (and this runs at worker exit too);
+ * data is the op's own info, with its copy of the key.
+ */
 
 static void
 ngx_http_idempotency_settle_handler(void *data, redisReply *reply,
     ngx_uint_t rc)
 {
-    ngx_str_t *key = data;
+    ngx_http_idempotency_redis_info_t *info = data;
+
+    ngx_uint_t   release;
+    const char  *what;
+
+    release = (info->script == NGX_HTTP_IDEMPOTENCY_SCRIPT_RELEASE);
+    what = release ? "releasing the claim on" : "storing the response for";
 
     if (rc != NGX_HTTP_IDEMPOTENCY_REDIS_OK) {
-        ngx_log_error(NGX_LOG_ERR, ngx_cycle->log, 0,
-                      "idempotency: Redis %s while settling \"%V\", "
-                      "the claim stays until idempotency_lock_ttl ends",
-                      rc == NGX_HTTP_IDEMPOTENCY_REDIS_TIMEOUT
-                      ? "timed out" : "failed", key);
+
+        /* given up by the adapter: retried until the lock TTL, or not */
+
+        if (release) {
+            ngx_log_error(NGX_LOG_ERR, ngx_cycle->log, 0,
+                          "idempotency: gave up %s \"%V\" (%s; attempts: "
+                          "%ui, last error: %s): a retry gets 409 until "
+                          "idempotency_lock_ttl ends, then runs",
+                          what, &info->key,
+                          info->reason ? info->reason : "failed",
+                          info->attempts, info->error ? info->error : "none");
+
+        } else {
+            ngx_log_error(NGX_LOG_ERR, ngx_cycle->log, 0,
+                          "idempotency: gave up %s \"%V\" (%s; attempts: "
+                          "%ui, last error: %s): the response is lost; once "
+                          "idempotency_lock_ttl ends, a retry runs the "
+                          "operation again",
+                          what, &info->key,
+                          info->reason ? info->reason : "failed",
+                          info->attempts, info->error ? info->error : "none");
+        }
 
     } else if (reply->type == REDIS_REPLY_ERROR) {
         ngx_log_error(NGX_LOG_ERR, ngx_cycle->log, 0,
                       "idempotency: Redis error while settling \"%V\": %*s",
-                      key, (size_t) reply->len, reply->str);
+                      &info->key, (size_t) reply->len, reply->str);
 
     } else if (reply->type == REDIS_REPLY_INTEGER && reply->integer == 0) {
-        ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0,
-                      "idempotency: the claim on \"%V\" was lost (its "
-                      "idempotency_lock_ttl ended before the response), "
-                      "the response was not stored", key);
+
+        if (release) {
+            /* e.g. a resent RELEASE whose first copy did run */
+            ngx_log_error(NGX_LOG_INFO, ngx_cycle->log, 0,
+                          "idempotency: the claim on \"%V\" was gone when "
+                          "it was released", &info->key);
+
+        } else {
+            ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0,
+                          "idempotency: the claim on \"%V\" was lost (%s), "
+                          "the response was not stored", &info->key,
+                          info->parked
+                          ? "Redis was away: it restarted without "
+                            "persistence, or idempotency_lock_ttl ended"
+                          : "its idempotency_lock_ttl ended before the "
+                            "response");
+        }
+
+    } else if (info->parked) {
+        ngx_log_error(NGX_LOG_NOTICE, ngx_cycle->log, 0,
+                      "idempotency: %s \"%V\" succeeded after a retry "
+                      "(attempts: %ui)", what, &info->key, info->attempts);
     }
 }

@@ -445,6 +445,7 @@ ngx_http_idempotency_claim(ngx_http_request_t *r,
                    "idempotency claim \"%V\"", &ctx->rkey);
 
     ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_CLAIMING;
+    ctx->claimed = ngx_current_msec;   /* the lock TTL runs from about here */
 
     ctx->op = ngx_http_idempotency_redis_script(ctx->conf->redis,
                                    NGX_HTTP_IDEMPOTENCY_SCRIPT_CLAIM,

@@ -96,6 +96,7 @@ typedef struct {
     u_char                               owner[32];
 
     ngx_http_idempotency_redis_op_t     *op;
+    ngx_msec_t                           claimed;  /* claim sent, msec */
     ngx_event_t                          wait_timer;
     ngx_msec_t                           wait_until;
     ngx_msec_t                           wait_step;

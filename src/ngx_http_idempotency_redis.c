@@ -38,6 +38,18 @@
 /* numkeys, which follows the sha or the script text */
 #define NGX_HTTP_IDEMPOTENCY_REDIS_NUMKEYS       "\r\n$1\r\n1\r\n"
 
+/*
+ * Retryable ops kept in a worker while Redis cannot be reached ("parked"):
+ * at most this many bytes in all (each op counts its whole allocation: the
+ * command with the captured response).  Over it, an op is given up at once:
+ * an outage must not let a worker grow without bound.  64 MiB holds 64
+ * responses at the default idempotency_max_response_size of 1m, thousands of
+ * typical API responses.  Documented in docs/behaviour.md, section 8.
+ */
+#ifndef NGX_HTTP_IDEMPOTENCY_REDIS_PARKED_MAX
+#define NGX_HTTP_IDEMPOTENCY_REDIS_PARKED_MAX    (64 * 1024 * 1024)
+#endif
+
 
 typedef enum {
     NGX_HTTP_IDEMPOTENCY_REDIS_IDLE = 0,      /* no context, maybe backoff */
@@ -71,24 +83,63 @@ struct ngx_http_idempotency_redis_node_s {
     ngx_event_t                          connect_timer;
     ngx_event_t                          reconnect_timer;
 
+    ngx_queue_t                          parked;   /* ops waiting to resend */
+    ngx_queue_t                          doomed;   /* given up, handler due */
+    ngx_uint_t                           kept;     /* ever parked, not done */
+    ngx_http_idempotency_redis_stats_t   stats;
+
     unsigned                             exiting:1;
+    unsigned                             drained:1; /* notice due */
 };
+
+
+/*
+ * An op is in exactly one of these places, so that it can be neither freed
+ * twice nor both parked and with hiredis: a reply (or teardown) callback of
+ * hiredis is due for it only in SENT, and that callback moves it on.
+ */
+typedef enum {
+    NGX_HTTP_IDEMPOTENCY_REDIS_OP_NEW = 0,    /* ours, not queued anywhere */
+    NGX_HTTP_IDEMPOTENCY_REDIS_OP_SENT,       /* hiredis holds it */
+    NGX_HTTP_IDEMPOTENCY_REDIS_OP_PARKED,     /* in node->parked */
+    NGX_HTTP_IDEMPOTENCY_REDIS_OP_DOOMED      /* in node->doomed */
+} ngx_http_idempotency_redis_op_state_e;
 
 
 struct ngx_http_idempotency_redis_op_s {
     ngx_http_idempotency_redis_node_t   *node;
     ngx_http_idempotency_redis_pt        handler;  /* NULL: done, cancelled */
     void                                *data;
+
+    /*
+     * SENT: the command timeout; PARKED: the deadline or the next retry,
+     * cancelable; DOOMED: 0 ms, to call the handler outside the caller
+     */
     ngx_event_t                          timer;
 
-    ngx_uint_t                           script;
+    ngx_queue_t                          queue;    /* PARKED, DOOMED */
+    ngx_http_idempotency_redis_info_t    info;     /* key inside the tail */
+    ngx_msec_t                           deadline; /* retryable ops */
+    size_t                               size;     /* the whole allocation */
+
     ngx_uint_t                           nargs;
     u_char                              *tail;     /* RESP key and args */
     size_t                               tail_len;
-    ngx_str_t                            key;      /* inside the tail */
+
+    ngx_http_idempotency_redis_op_state_e  state;
 
     unsigned                             eval:1;   /* resent as EVAL */
+    unsigned                             retry:1;  /* may be parked */
+    unsigned                             kept:1;   /* counted in node->kept */
+    unsigned                             timed_out:1;
 };
+
+
+/* error replies after which the same command is worth sending again */
+typedef struct {
+    ngx_str_t                            code;
+    const char                          *text;
+} ngx_http_idempotency_redis_transient_t;
 
 
 static ngx_int_t ngx_http_idempotency_redis_init_node(ngx_cycle_t *cycle,
@@ -130,6 +181,29 @@ static void ngx_http_idempotency_redis_op_reply(redisAsyncContext *ac,
     void *r, void *privdata);
 static void ngx_http_idempotency_redis_op_finish(
     ngx_http_idempotency_redis_op_t *op, redisReply *reply, ngx_uint_t rc);
+static ngx_http_idempotency_redis_op_t *ngx_http_idempotency_redis_op_create(
+    ngx_http_idempotency_redis_node_t *node, ngx_uint_t script, ngx_str_t *key,
+    ngx_str_t *args, ngx_uint_t nargs, ngx_http_idempotency_redis_pt handler,
+    void *data, ngx_log_t *log);
+static ngx_int_t ngx_http_idempotency_redis_op_send(
+    ngx_http_idempotency_redis_op_t *op);
+static void ngx_http_idempotency_redis_op_detach(
+    ngx_http_idempotency_redis_op_t *op);
+static const char *ngx_http_idempotency_redis_park(
+    ngx_http_idempotency_redis_op_t *op, const char *error, ngx_msec_t retry);
+static void ngx_http_idempotency_redis_unpark(
+    ngx_http_idempotency_redis_op_t *op);
+static void ngx_http_idempotency_redis_unkeep(
+    ngx_http_idempotency_redis_op_t *op);
+static void ngx_http_idempotency_redis_drained(
+    ngx_http_idempotency_redis_node_t *node);
+static void ngx_http_idempotency_redis_retry_or_give_up(
+    ngx_http_idempotency_redis_op_t *op, const char *error, ngx_msec_t retry);
+static void ngx_http_idempotency_redis_give_up(
+    ngx_http_idempotency_redis_op_t *op, const char *reason);
+static void ngx_http_idempotency_redis_resend_parked(
+    ngx_http_idempotency_redis_node_t *node);
+static const char *ngx_http_idempotency_redis_transient(redisReply *reply);
 static u_char *ngx_http_idempotency_redis_frame(
     ngx_http_idempotency_redis_op_t *op, ngx_uint_t eval, size_t *len);
 static u_char *ngx_http_idempotency_redis_bulk(u_char *p, ngx_str_t *s);
@@ -141,6 +215,22 @@ static void ngx_http_idempotency_redis_del_write(void *privdata);
 static void ngx_http_idempotency_redis_cleanup(void *privdata);
 static void ngx_http_idempotency_redis_read_handler(ngx_event_t *rev);
 static void ngx_http_idempotency_redis_write_handler(ngx_event_t *wev);
+
+
+/* bytes of all parked ops of this worker, against the PARKED_MAX cap */
+static size_t  ngx_http_idempotency_redis_parked_bytes;
+
+
+static ngx_http_idempotency_redis_transient_t
+    ngx_http_idempotency_redis_transients[] = {
+
+    { ngx_string("LOADING"), "Redis is loading its data set" },
+    { ngx_string("BUSY"), "Redis is busy running a script" },
+    { ngx_string("TRYAGAIN"), "Redis asked to try again" },
+    { ngx_string("MASTERDOWN"), "Redis lost its master" },
+    { ngx_string("CLUSTERDOWN"), "the Redis cluster is down" },
+    { ngx_null_string, NULL }
+};
 
 
 /* per process: the shas are computed by each worker in init_process */
@@ -275,6 +365,9 @@ ngx_http_idempotency_redis_init_node(ngx_cycle_t *cycle,
     node->reconnect_timer.log = node->log;
     node->reconnect_timer.cancelable = 1;
 
+    ngx_queue_init(&node->parked);
+    ngx_queue_init(&node->doomed);
+
     rcf->node = node;
 
     return NGX_OK;
@@ -285,6 +378,8 @@ void
 ngx_http_idempotency_redis_exit_process(ngx_cycle_t *cycle)
 {
     ngx_uint_t                           i;
+    ngx_queue_t                         *q;
+    ngx_http_idempotency_redis_op_t     *op;
     ngx_http_idempotency_redis_conf_t  **rcfp;
     ngx_http_idempotency_redis_node_t   *node;
     ngx_http_idempotency_main_conf_t    *imcf;
@@ -305,15 +400,24 @@ ngx_http_idempotency_redis_exit_process(ngx_cycle_t *cycle)
             continue;
         }
 
-        ngx_log_debug2(NGX_LOG_DEBUG_HTTP, node->log, 0,
+        ngx_log_debug3(NGX_LOG_DEBUG_HTTP, node->log, 0,
                        "idempotency redis: \"%V\" closing at exit, "
-                       "%ui ops pending", &node->name, node->pending);
+                       "%ui ops pending, %ui parked", &node->name,
+                       node->pending, node->stats.parked);
 
         /*
-         * Ops still pending here belong to requests the worker abandons
-         * (fast shutdown): their handlers are not called, as resuming a
-         * request while the process exits would do more harm than good;
-         * every op is still freed by its hiredis callback.
+         * Plain ops still pending here belong to requests the worker
+         * abandons (fast shutdown): their handlers are not called, as
+         * resuming a request while the process exits would do more harm
+         * than good; every op is still freed by its hiredis callback.
+         *
+         * Retryable ops, pending or parked, are given up, each with its
+         * handler called (one error line per op from the settle step).
+         * Their deadline timers are cancelable, so a graceful shutdown
+         * does not wait for a Redis that is away: it ends as soon as the
+         * requests are done, and what is still parked then is given up
+         * here.  Ops already sent keep their (non-cancelable) command
+         * timers, so a shutdown still waits for replies that are due.
          */
 
         node->exiting = 1;
@@ -323,6 +427,18 @@ ngx_http_idempotency_redis_exit_process(ngx_cycle_t *cycle)
         }
 
         ngx_http_idempotency_redis_close(node);
+
+        while (!ngx_queue_empty(&node->parked)) {
+            q = ngx_queue_head(&node->parked);
+            op = ngx_queue_data(q, ngx_http_idempotency_redis_op_t, queue);
+            ngx_http_idempotency_redis_give_up(op, "the worker is exiting");
+        }
+
+        while (!ngx_queue_empty(&node->doomed)) {
+            q = ngx_queue_head(&node->doomed);
+            op = ngx_queue_data(q, ngx_http_idempotency_redis_op_t, queue);
+            ngx_http_idempotency_redis_give_up(op, op->info.reason);
+        }
 
         rcfp[i]->node = NULL;
     }
@@ -829,6 +945,14 @@ ngx_http_idempotency_redis_handshake_step(
         && node->state == NGX_HTTP_IDEMPOTENCY_REDIS_HANDSHAKE)
     {
         ngx_http_idempotency_redis_ready(node);
+
+        /*
+         * From a reply callback, where commands may be sent (not from the
+         * connect callback: the handshake always has the SCRIPT LOADs, so
+         * the connection never gets ready there)
+         */
+
+        ngx_http_idempotency_redis_resend_parked(node);
     }
 }
 
@@ -838,21 +962,10 @@ ngx_http_idempotency_redis_script(ngx_http_idempotency_redis_conf_t *rcf,
     ngx_uint_t script, ngx_str_t *key, ngx_str_t *args, ngx_uint_t nargs,
     ngx_http_idempotency_redis_pt handler, void *data, ngx_log_t *log)
 {
-    u_char                               *p, *start;
-    size_t                                len, reserve, size;
-    ngx_uint_t                            i;
-    redisAsyncContext                    *ac;
-    ngx_http_idempotency_redis_op_t      *op;
-    ngx_http_idempotency_redis_node_t    *node;
-    ngx_http_idempotency_redis_script_t  *s;
+    ngx_http_idempotency_redis_op_t    *op;
+    ngx_http_idempotency_redis_node_t  *node;
 
     node = rcf->node;
-
-    if (script >= NGX_HTTP_IDEMPOTENCY_SCRIPT_N) {
-        ngx_log_error(NGX_LOG_ALERT, log, 0,
-                      "idempotency redis: unknown script %ui", script);
-        return NULL;
-    }
 
     /* fail fast while there is no connection and none in progress */
 
@@ -863,14 +976,102 @@ ngx_http_idempotency_redis_script(ngx_http_idempotency_redis_conf_t *rcf,
         return NULL;
     }
 
-    ac = node->ac;
-
     /* hiredis refuses commands then; e.g. from an op failed by its EOF */
 
-    if (ac->c.flags & (REDIS_DISCONNECTING | REDIS_FREEING)) {
+    if (node->ac->c.flags & (REDIS_DISCONNECTING | REDIS_FREEING)) {
         ngx_log_debug1(NGX_LOG_DEBUG_HTTP, log, 0,
                        "idempotency redis: \"%V\" is disconnecting",
                        &node->name);
+        return NULL;
+    }
+
+    op = ngx_http_idempotency_redis_op_create(node, script, key, args, nargs,
+                                              handler, data, log);
+    if (op == NULL) {
+        return NULL;
+    }
+
+    if (ngx_http_idempotency_redis_op_send(op) != NGX_OK) {
+        ngx_log_debug1(NGX_LOG_DEBUG_HTTP, log, 0,
+                       "idempotency redis: \"%V\" refused a command",
+                       &node->name);
+        ngx_free(op);
+        return NULL;
+    }
+
+    return op;
+}
+
+
+ngx_http_idempotency_redis_op_t *
+ngx_http_idempotency_redis_script_retry(
+    ngx_http_idempotency_redis_conf_t *rcf, ngx_uint_t script, ngx_str_t *key,
+    ngx_str_t *args, ngx_uint_t nargs, ngx_msec_t deadline,
+    ngx_http_idempotency_redis_pt handler, void *data, ngx_log_t *log)
+{
+    const char                         *reason;
+    ngx_http_idempotency_redis_op_t    *op;
+    ngx_http_idempotency_redis_node_t  *node;
+
+    node = rcf->node;
+
+    if (node == NULL || node->exiting) {
+        ngx_log_debug1(NGX_LOG_DEBUG_HTTP, log, 0,
+                       "idempotency redis: \"%V\" not available",
+                       node ? &node->name : &rcf->host);
+        return NULL;
+    }
+
+    op = ngx_http_idempotency_redis_op_create(node, script, key, args, nargs,
+                                              handler, data, log);
+    if (op == NULL) {
+        return NULL;
+    }
+
+    op->retry = 1;
+    op->deadline = deadline;
+
+    /*
+     * With a connection, even one still being set up, the command is
+     * queued behind the handshake; past the deadline too: Redis judges
+     * the claim then (the owner check).  Without one it is parked now.
+     */
+
+    if (ngx_http_idempotency_redis_op_send(op) == NGX_OK) {
+        return op;
+    }
+
+    reason = ngx_http_idempotency_redis_park(op, "not connected", 0);
+
+    if (reason) {
+        /* the handler is never called from inside this function */
+
+        op->info.reason = reason;
+        op->state = NGX_HTTP_IDEMPOTENCY_REDIS_OP_DOOMED;
+        ngx_queue_insert_tail(&node->doomed, &op->queue);
+
+        op->timer.cancelable = 0;
+        ngx_add_timer(&op->timer, 0);
+    }
+
+    return op;
+}
+
+
+static ngx_http_idempotency_redis_op_t *
+ngx_http_idempotency_redis_op_create(ngx_http_idempotency_redis_node_t *node,
+    ngx_uint_t script, ngx_str_t *key, ngx_str_t *args, ngx_uint_t nargs,
+    ngx_http_idempotency_redis_pt handler, void *data, ngx_log_t *log)
+{
+    u_char                               *p;
+    size_t                                reserve, size;
+    ngx_uint_t                            i;
+    ngx_http_idempotency_redis_op_t      *op;
+    ngx_http_idempotency_redis_script_t  *s;
+
+    if (script >= NGX_HTTP_IDEMPOTENCY_SCRIPT_N) {
+        ngx_log_error(NGX_LOG_ALERT, log, 0,
+                      "idempotency redis: unknown script %ui", script);
         return NULL;
     }
 
@@ -879,7 +1080,8 @@ ngx_http_idempotency_redis_script(ngx_http_idempotency_redis_conf_t *rcf,
     /*
      * One allocation: the op, room for the longest header (EVAL with the
      * script text), then key and args RESP-encoded once.  The tail stays
-     * until the reply so that a NOSCRIPT can be resent as EVAL.
+     * until the op is done, so that a NOSCRIPT can be resent as EVAL and a
+     * retryable op can be resent after a reconnect, without copying.
      */
 
     reserve = NGX_HTTP_IDEMPOTENCY_REDIS_PREFIX_LEN + s->len
@@ -891,8 +1093,9 @@ ngx_http_idempotency_redis_script(ngx_http_idempotency_redis_conf_t *rcf,
         size += sizeof("$\r\n\r\n") - 1 + NGX_SIZE_T_LEN + args[i].len;
     }
 
-    op = ngx_alloc(sizeof(ngx_http_idempotency_redis_op_t) + reserve + size,
-                   log);
+    size += sizeof(ngx_http_idempotency_redis_op_t) + reserve;
+
+    op = ngx_alloc(size, log);
     if (op == NULL) {
         return NULL;
     }
@@ -902,17 +1105,18 @@ ngx_http_idempotency_redis_script(ngx_http_idempotency_redis_conf_t *rcf,
     op->node = node;
     op->handler = handler;
     op->data = data;
-    op->script = script;
+    op->size = size;
+    op->info.script = script;
     op->nargs = nargs;
     op->tail = (u_char *) &op[1] + reserve;
 
     p = ngx_http_idempotency_redis_bulk(op->tail, key);
 
-    op->key.len = key->len;
-    op->key.data = p - (sizeof("\r\n") - 1) - key->len;
+    op->info.key.len = key->len;
+    op->info.key.data = p - (sizeof("\r\n") - 1) - key->len;
 
     if (data == NULL) {
-        op->data = &op->key;
+        op->data = &op->info;
     }
 
     for (i = 0; i < nargs; i++) {
@@ -921,50 +1125,85 @@ ngx_http_idempotency_redis_script(ngx_http_idempotency_redis_conf_t *rcf,
 
     op->tail_len = p - op->tail;
 
-    start = ngx_http_idempotency_redis_frame(op, 0, &len);
+    op->timer.handler = ngx_http_idempotency_redis_op_timeout_handler;
+    op->timer.data = op;
+    op->timer.log = node->log;
 
-    /* on REDIS_ERR hiredis keeps no callback: the op is ours to free */
+    return op;
+}
+
+
+/*
+ * Hands the command to hiredis as EVALSHA.  NGX_DECLINED: no connection to
+ * send it on; NGX_ERROR: hiredis refused it.  Either way the op is where it
+ * was.  On REDIS_ERR hiredis keeps no callback.
+ */
+
+static ngx_int_t
+ngx_http_idempotency_redis_op_send(ngx_http_idempotency_redis_op_t *op)
+{
+    u_char                             *start;
+    size_t                              len;
+    redisAsyncContext                  *ac;
+    ngx_http_idempotency_redis_node_t  *node;
+
+    node = op->node;
+    ac = node->ac;
+
+    if (ac == NULL || node->exiting
+        || (ac->c.flags & (REDIS_DISCONNECTING | REDIS_FREEING)))
+    {
+        return NGX_DECLINED;
+    }
+
+    start = ngx_http_idempotency_redis_frame(op, 0, &len);
 
     if (redisAsyncFormattedCommand(ac, ngx_http_idempotency_redis_op_reply,
                                    op, (const char *) start, len)
         != REDIS_OK)
     {
-        ngx_log_debug1(NGX_LOG_DEBUG_HTTP, log, 0,
-                       "idempotency redis: \"%V\" refused a command",
-                       &node->name);
-        ngx_free(op);
-        return NULL;
+        return NGX_ERROR;
     }
+
+    op->state = NGX_HTTP_IDEMPOTENCY_REDIS_OP_SENT;
+    op->eval = 0;
+    op->timed_out = 0;
+    op->info.attempts++;
 
     node->pending++;
 
-    op->timer.handler = ngx_http_idempotency_redis_op_timeout_handler;
-    op->timer.data = op;
-    op->timer.log = node->log;
+    if (op->timer.timer_set) {
+        ngx_del_timer(&op->timer);
+    }
 
-    ngx_add_timer(&op->timer, rcf->timeout);
+    op->timer.cancelable = 0;
+    ngx_add_timer(&op->timer, node->conf->timeout);
 
-    ngx_log_debug5(NGX_LOG_DEBUG_HTTP, log, 0,
+    ngx_log_debug6(NGX_LOG_DEBUG_HTTP, node->log, 0,
                    "idempotency redis: \"%V\" EVALSHA %s queued, "
-                   "op:%p, %uz bytes, %ui pending",
-                   &node->name, s->name, op, len, node->pending);
+                   "op:%p, %uz bytes, attempt %ui, %ui pending",
+                   &node->name,
+                   ngx_http_idempotency_redis_scripts[op->info.script].name,
+                   op, len, op->info.attempts, node->pending);
 
-    return op;
+    return NGX_OK;
 }
 
 
 void
 ngx_http_idempotency_redis_cancel(ngx_http_idempotency_redis_op_t *op)
 {
+    ngx_http_idempotency_redis_node_t  *node;
+
     if (op == NULL) {
         return;
     }
 
-    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, op->node->log, 0,
-                   "idempotency redis: \"%V\" op:%p cancelled",
-                   &op->node->name, op);
+    node = op->node;
 
-    /* hiredis still holds it: freed when its reply or teardown comes */
+    ngx_log_debug3(NGX_LOG_DEBUG_HTTP, op->node->log, 0,
+                   "idempotency redis: \"%V\" op:%p cancelled, state:%d",
+                   &op->node->name, op, (int) op->state);
 
     op->handler = NULL;
     op->data = NULL;
@@ -972,26 +1211,107 @@ ngx_http_idempotency_redis_cancel(ngx_http_idempotency_redis_op_t *op)
     if (op->timer.timer_set) {
         ngx_del_timer(&op->timer);
     }
+
+    ngx_http_idempotency_redis_unkeep(op);
+
+    switch (op->state) {
+
+    case NGX_HTTP_IDEMPOTENCY_REDIS_OP_PARKED:
+        ngx_http_idempotency_redis_unpark(op);
+        ngx_free(op);
+        break;
+
+    case NGX_HTTP_IDEMPOTENCY_REDIS_OP_DOOMED:
+        ngx_queue_remove(&op->queue);
+        ngx_free(op);
+        break;
+
+    default:
+        /* hiredis still holds it: freed when its reply or teardown comes */
+        break;
+    }
+
+    ngx_http_idempotency_redis_drained(node);
+}
+
+
+ngx_http_idempotency_redis_stats_t *
+ngx_http_idempotency_redis_stats(ngx_http_idempotency_redis_conf_t *rcf)
+{
+    return rcf->node ? &rcf->node->stats : NULL;
 }
 
 
 /*
- * No reply in time.  Replies come in order, so every command behind this
- * one is late too: the connection counts as broken and is replaced.  While
- * it is still being set up, the connect timer judges it instead, and only
- * this op gives up.
+ * The op timer.  SENT: no reply in time.  Replies come in order, so every
+ * command behind this one is late too: the connection counts as broken and
+ * is replaced.  While it is still being set up, the connect timer judges it
+ * instead, and only this op gives up (a retryable one waits on).  PARKED:
+ * the deadline, or the time for another try after a transient error.
+ * DOOMED: the handler of an op given up when it was made.
  */
 
 static void
 ngx_http_idempotency_redis_op_timeout_handler(ngx_event_t *ev)
 {
     void                               *data;
+    ngx_msec_int_t                      left;
     ngx_http_idempotency_redis_op_t    *op;
     ngx_http_idempotency_redis_node_t  *node;
     ngx_http_idempotency_redis_pt       handler;
 
     op = ev->data;
     node = op->node;
+
+    if (op->state == NGX_HTTP_IDEMPOTENCY_REDIS_OP_DOOMED) {
+        ngx_http_idempotency_redis_give_up(op, op->info.reason);
+        return;
+    }
+
+    if (op->state == NGX_HTTP_IDEMPOTENCY_REDIS_OP_PARKED) {
+        left = (ngx_msec_int_t) (op->deadline - ngx_current_msec);
+
+        if (left <= 0) {
+            ngx_http_idempotency_redis_give_up(op, "its deadline passed");
+            return;
+        }
+
+        if (node->state == NGX_HTTP_IDEMPOTENCY_REDIS_READY
+            && ngx_http_idempotency_redis_op_send(op) == NGX_OK)
+        {
+            node->stats.retried++;
+            ngx_http_idempotency_redis_unpark(op);
+            return;
+        }
+
+        /* not connected: sent when it is, or given up at the deadline */
+
+        ngx_add_timer(&op->timer, (ngx_msec_t) left);
+        return;
+    }
+
+    ngx_log_debug3(NGX_LOG_DEBUG_HTTP, node->log, 0,
+                   "idempotency redis: \"%V\" op:%p timed out, state:%d",
+                   &node->name, op, (int) node->state);
+
+    if (op->retry && op->handler) {
+
+        if (node->state == NGX_HTTP_IDEMPOTENCY_REDIS_READY) {
+            op->timed_out = 1;
+
+            /*
+             * hiredis calls back every pending op at once, this one too:
+             * it is parked there (or given up, and freed)
+             */
+
+            ngx_http_idempotency_redis_drop(node, "command failed",
+                                            "no reply in time");
+            return;
+        }
+
+        ngx_add_timer(&op->timer, node->conf->timeout);
+        return;
+    }
 
     handler = op->handler;
     data = op->data;
@@ -1000,10 +1320,6 @@ ngx_http_idempotency_redis_op_timeout_handler(ngx_event_t *ev)
 
     op->handler = NULL;
     op->data = NULL;
-
-    ngx_log_debug3(NGX_LOG_DEBUG_HTTP, node->log, 0,
-                   "idempotency redis: \"%V\" op:%p timed out, state:%d",
-                   &node->name, op, (int) node->state);
 
     if (node->state == NGX_HTTP_IDEMPOTENCY_REDIS_READY) {
 
@@ -1019,7 +1335,7 @@ ngx_http_idempotency_redis_op_timeout_handler(ngx_event_t *ev)
 }
 
 
-/* hiredis calls this exactly once per queued command; the op dies here */
+/* hiredis calls this exactly once per queued command */
 
 static void
 ngx_http_idempotency_redis_op_reply(redisAsyncContext *ac, void *r,
@@ -1028,11 +1344,20 @@ ngx_http_idempotency_redis_op_reply(redisAsyncContext *ac, void *r,
     redisReply                       *reply = r;
     u_char                           *start;
     size_t                            len;
+    const char                       *error;
     ngx_http_idempotency_redis_op_t  *op = privdata;
 
     if (reply == NULL) {
         /* the context goes away: connection lost, dropped or exiting */
         ngx_http_idempotency_redis_lost(op->node, ac, "connection lost");
+
+        if (op->retry && op->handler) {
+            error = op->timed_out ? "no reply in time" : "connection lost";
+            ngx_http_idempotency_redis_op_detach(op);
+            ngx_http_idempotency_redis_retry_or_give_up(op, error, 0);
+            return;
+        }
+
         ngx_http_idempotency_redis_op_finish(op, NULL,
                                             NGX_HTTP_IDEMPOTENCY_REDIS_ERROR);
         return;
@@ -1064,13 +1389,51 @@ ngx_http_idempotency_redis_op_reply(redisAsyncContext *ac, void *r,
             return;
         }
 
+        /* only refused while the connection goes away */
+
+        if (op->retry) {
+            ngx_http_idempotency_redis_op_detach(op);
+            ngx_http_idempotency_redis_retry_or_give_up(op, "connection lost",
+                                                        0);
+            return;
+        }
+
         ngx_http_idempotency_redis_op_finish(op, NULL,
                                             NGX_HTTP_IDEMPOTENCY_REDIS_ERROR);
         return;
     }
 
+    if (op->retry && op->handler && reply->type == REDIS_REPLY_ERROR) {
+        error = ngx_http_idempotency_redis_transient(reply);
+
+        if (error) {
+            /* the connection is fine: try again after a back-off */
+
+            ngx_http_idempotency_redis_op_detach(op);
+            ngx_http_idempotency_redis_retry_or_give_up(op, error,
+                             ngx_min(NGX_HTTP_IDEMPOTENCY_REDIS_BACKOFF_MIN
+                                     << ngx_min(op->info.parked, 5),
+                                     NGX_HTTP_IDEMPOTENCY_REDIS_BACKOFF_MAX));
+            return;
+        }
+    }
+
     ngx_http_idempotency_redis_op_finish(op, reply,
                                          NGX_HTTP_IDEMPOTENCY_REDIS_OK);
+}
+
+
+/* the op's hiredis callback has come: hiredis holds it no more */
+
+static void
+ngx_http_idempotency_redis_op_detach(ngx_http_idempotency_redis_op_t *op)
+{
+    if (op->timer.timer_set) {
+        ngx_del_timer(&op->timer);
+    }
+
+    op->node->pending--;
+    op->state = NGX_HTTP_IDEMPOTENCY_REDIS_OP_NEW;
 }
 
 
@@ -1083,11 +1446,7 @@ ngx_http_idempotency_redis_op_finish(ngx_http_idempotency_redis_op_t *op,
 
     node = op->node;
 
-    if (op->timer.timer_set) {
-        ngx_del_timer(&op->timer);
-    }
-
-    node->pending--;
+    ngx_http_idempotency_redis_op_detach(op);
 
     handler = op->handler;
     op->handler = NULL;
@@ -1109,7 +1468,265 @@ ngx_http_idempotency_redis_op_finish(ngx_http_idempotency_redis_op_t *op,
                        reply ? "late reply" : "no reply");
     }
 
+    ngx_http_idempotency_redis_unkeep(op);
     ngx_free(op);
+
+    ngx_http_idempotency_redis_drained(node);
+}
+
+
+static void
+ngx_http_idempotency_redis_retry_or_give_up(
+    ngx_http_idempotency_redis_op_t *op, const char *error, ngx_msec_t retry)
+{
+    const char  *reason;
+
+    reason = ngx_http_idempotency_redis_park(op, error, retry);
+
+    if (reason) {
+        ngx_http_idempotency_redis_give_up(op, reason);
+    }
+}
+
+
+/*
+ * Keeps a retryable op (not with hiredis) for another try: at the next
+ * READY of the connection, or after "retry" ms if that is not 0.  Returns
+ * NULL, or why it cannot be kept.
+ */
+
+static const char *
+ngx_http_idempotency_redis_park(ngx_http_idempotency_redis_op_t *op,
+    const char *error, ngx_msec_t retry)
+{
+    size_t                              max;
+    ngx_msec_int_t                      left;
+    ngx_http_idempotency_redis_node_t  *node;
+
+    node = op->node;
+    op->info.error = error;
+
+    if (node->exiting) {
+        return "the worker is exiting";
+    }
+
+    left = (ngx_msec_int_t) (op->deadline - ngx_current_msec);
+
+    if (left <= 0) {
+        return "its deadline passed";
+    }
+
+    max = NGX_HTTP_IDEMPOTENCY_REDIS_PARKED_MAX;
+
+    if (op->size > max - ngx_min(max, ngx_http_idempotency_redis_parked_bytes))
+    {
+        ngx_log_error(NGX_LOG_ERR, node->log, 0,
+                      "idempotency redis: \"%V\" cannot keep the %s of "
+                      "\"%V\" (%uz bytes) for a retry: commands kept for a "
+                      "retry may use at most %uz bytes (%uz MiB) per worker, "
+                      "%uz are in use (%ui here)",
+                      &node->name,
+                      ngx_http_idempotency_redis_scripts[op->info.script].name,
+                      &op->info.key, op->size, max, max >> 20,
+                      ngx_http_idempotency_redis_parked_bytes,
+                      node->stats.parked);
+
+        return "the worker's retry buffer is full";
+    }
+
+    if (op->info.parked++ == 0) {
+        op->kept = 1;
+        node->kept++;
+
+        ngx_log_error(NGX_LOG_WARN, node->log, 0,
+                      "idempotency redis: \"%V\" %s of \"%V\" failed (%s), "
+                      "kept for a retry for up to %M ms",
+                      &node->name,
+                      ngx_http_idempotency_redis_scripts[op->info.script].name,
+                      &op->info.key, error, (ngx_msec_t) left);
+
+    } else {
+        ngx_log_debug5(NGX_LOG_DEBUG_HTTP, node->log, 0,
+                       "idempotency redis: \"%V\" op:%p failed (%s), "
+                       "parked again, %M ms left, attempt %ui",
+                       &node->name, op, error, (ngx_msec_t) left,
+                       op->info.attempts);
+    }
+
+    op->state = NGX_HTTP_IDEMPOTENCY_REDIS_OP_PARKED;
+    ngx_queue_insert_tail(&node->parked, &op->queue);
+
+    node->stats.parked++;
+    node->stats.parked_bytes += op->size;
+    ngx_http_idempotency_redis_parked_bytes += op->size;
+
+    if (op->timer.timer_set) {
+        ngx_del_timer(&op->timer);
+    }
+
+    /* a graceful shutdown does not wait for these: see exit_process */
+
+    op->timer.cancelable = 1;
+    ngx_add_timer(&op->timer, (retry && retry < (ngx_msec_t) left)
+                              ? retry : (ngx_msec_t) left);
+
+    return NULL;
+}
+
+
+/* takes a PARKED op out of the queue and the counters; its state is kept */
+
+static void
+ngx_http_idempotency_redis_unpark(ngx_http_idempotency_redis_op_t *op)
+{
+    ngx_http_idempotency_redis_node_t  *node;
+
+    node = op->node;
+
+    ngx_queue_remove(&op->queue);
+
+    node->stats.parked--;
+    node->stats.parked_bytes -= op->size;
+    ngx_http_idempotency_redis_parked_bytes -= op->size;
+}
+
+
+/* an op that was parked is done (replied, given up or cancelled) */
+
+static void
+ngx_http_idempotency_redis_unkeep(ngx_http_idempotency_redis_op_t *op)
+{
+    if (!op->kept) {
+        return;
+    }
+
+    op->kept = 0;
+
+    if (--op->node->kept == 0) {
+        op->node->drained = 1;
+    }
+}
+
+
+/*
+ * Once every op that had to be kept for a retry is done (called after the
+ * handler, so its line comes first): the counters, at notice level.
+ */
+
+static void
+ngx_http_idempotency_redis_drained(ngx_http_idempotency_redis_node_t *node)
+{
+    if (!node->drained || node->kept) {
+        return;
+    }
+
+    node->drained = 0;
+
+    ngx_log_error(NGX_LOG_NOTICE, node->log, 0,
+                  "idempotency redis: \"%V\" every command kept for a "
+                  "retry is settled: %ui parked, %uz bytes; %ui resent, "
+                  "%ui given up since the worker started",
+                  &node->name, node->stats.parked,
+                  node->stats.parked_bytes, node->stats.retried,
+                  node->stats.given_up);
+}
+
+
+/* a retryable op that is not with hiredis: its handler gets ERROR */
+
+static void
+ngx_http_idempotency_redis_give_up(ngx_http_idempotency_redis_op_t *op,
+    const char *reason)
+{
+    ngx_http_idempotency_redis_pt       handler;
+    ngx_http_idempotency_redis_node_t  *node;
+
+    node = op->node;
+
+    node->stats.given_up++;
+
+    if (op->state == NGX_HTTP_IDEMPOTENCY_REDIS_OP_PARKED) {
+        ngx_http_idempotency_redis_unpark(op);
+
+    } else if (op->state == NGX_HTTP_IDEMPOTENCY_REDIS_OP_DOOMED) {
+        ngx_queue_remove(&op->queue);
+    }
+
+    op->state = NGX_HTTP_IDEMPOTENCY_REDIS_OP_NEW;
+
+    if (op->timer.timer_set) {
+        ngx_del_timer(&op->timer);
+    }
+
+    op->info.reason = reason;
+
+    ngx_log_debug5(NGX_LOG_DEBUG_HTTP, node->log, 0,
+                   "idempotency redis: \"%V\" op:%p given up: %s (%s), "
+                   "after %ui attempts",
+                   &node->name, op, reason,
+                   op->info.error ? op->info.error : "-",
+                   op->info.attempts);
+
+    handler = op->handler;
+    op->handler = NULL;
+
+    if (handler) {
+        handler(op->data, NULL, NGX_HTTP_IDEMPOTENCY_REDIS_ERROR);
+    }
+
+    ngx_http_idempotency_redis_unkeep(op);
+    ngx_free(op);
+
+    ngx_http_idempotency_redis_drained(node);
+}
+
+
+/* the connection is ready again: parked ops go first, in order */
+
+static void
+ngx_http_idempotency_redis_resend_parked(
+    ngx_http_idempotency_redis_node_t *node)
+{
+    ngx_queue_t                      *q;
+    ngx_http_idempotency_redis_op_t  *op;
+
+    while (!ngx_queue_empty(&node->parked)) {
+        q = ngx_queue_head(&node->parked);
+        op = ngx_queue_data(q, ngx_http_idempotency_redis_op_t, queue);
+
+        /* not sent: stays parked until the next READY or its deadline */
+
+        if (ngx_http_idempotency_redis_op_send(op) != NGX_OK) {
+            break;
+        }
+
+        node->stats.retried++;
+        ngx_http_idempotency_redis_unpark(op);
+    }
+}
+
+
+static const char *
+ngx_http_idempotency_redis_transient(redisReply *reply)
+{
+    size_t                                   len;
+    ngx_http_idempotency_redis_transient_t  *t;
+
+    /* the error code is the first word of the reply */
+
+    for (len = 0; len < reply->len && reply->str[len] != ' '; len++) {
+        /* void */
+    }
+
+    for (t = ngx_http_idempotency_redis_transients; t->text; t++) {
+        if (len == t->code.len
+            && ngx_strncmp(reply->str, t->code.data, len) == 0)
+        {
+            return t->text;
+        }
+    }
+
+    return NULL;
 }
 
 
@@ -1129,7 +1746,7 @@ ngx_http_idempotency_redis_frame(ngx_http_idempotency_redis_op_t *op,
     ngx_http_idempotency_redis_script_t  *s;
     u_char             pre[NGX_HTTP_IDEMPOTENCY_REDIS_PREFIX_LEN];
 
-    s = &ngx_http_idempotency_redis_scripts[op->script];
+    s = &ngx_http_idempotency_redis_scripts[op->info.script];
 
     if (eval) {
         cmd = "EVAL";

@@ -59,8 +59,36 @@ typedef struct {
 
 
 /*
+ * What an op knows about itself.  A handler whose op was created with
+ * data == NULL gets a pointer to this as its data (the key is the first
+ * member, so it may be read as an ngx_str_t * as well).
+ */
+typedef struct {
+    ngx_str_t                            key;      /* KEYS[1], the op's copy */
+    ngx_uint_t                           script;
+    ngx_uint_t                           attempts; /* times sent to Redis */
+    ngx_uint_t                           parked;   /* times kept for a retry */
+    const char                          *error;    /* last failure, or NULL */
+    const char                          *reason;   /* why it was given up */
+} ngx_http_idempotency_redis_info_t;
+
+
+/*
+ * Counters of one Redis address in this worker, for logs and metrics.
+ * "Parked" ops are retryable commands kept in the worker while Redis cannot
+ * be reached, waiting to be sent again.
+ */
+typedef struct {
+    ngx_uint_t                           parked;       /* now */
+    size_t                               parked_bytes; /* now */
+    ngx_uint_t                           retried;      /* resends, in total */
+    ngx_uint_t                           given_up;     /* in total */
+} ngx_http_idempotency_redis_stats_t;
+
+
+/*
  * Called exactly once per op, unless the op was cancelled before or the
- * worker exits with the op pending: with
+ * worker exits with a plain (not retryable) op pending: with
  * rc == NGX_HTTP_IDEMPOTENCY_REDIS_OK and the reply (which hiredis frees
  * right after the call: copy what you keep), or with another rc and
  * reply == NULL.  The handler may issue new commands.
@@ -78,17 +106,44 @@ void ngx_http_idempotency_redis_exit_process(ngx_cycle_t *cycle);
  * a separate binary-safe argument.  The arguments are copied before the
  * call returns.  Returns NULL (and calls nothing) when the command cannot be
  * queued now, e.g. while Redis is unreachable; the caller applies its
- * failure policy at once.  With data NULL the handler gets the op's own copy
- * of the key (an ngx_str_t *) as its data, for fire-and-forget commands that
- * outlive their request and only need the key to log.
+ * failure policy at once.  With data NULL the handler gets the op's own
+ * ngx_http_idempotency_redis_info_t (key first) as its data, for
+ * fire-and-forget commands that outlive their request and only need the key
+ * to log.
  */
 ngx_http_idempotency_redis_op_t *ngx_http_idempotency_redis_script(
     ngx_http_idempotency_redis_conf_t *rcf, ngx_uint_t script, ngx_str_t *key,
     ngx_str_t *args, ngx_uint_t nargs, ngx_http_idempotency_redis_pt handler,
     void *data, ngx_log_t *log);
 
+/*
+ * The same for a command that must not be lost to a passing Redis outage
+ * (the settle step's STORE and RELEASE, which the scripts make safe to run
+ * twice).  When the connection is lost or a reply does not come in time, or
+ * when there is no connection at the call, the op is kept in the worker
+ * ("parked") and sent again, in order, once the connection is ready again;
+ * a transient error reply (LOADING, BUSY, TRYAGAIN, MASTERDOWN, CLUSTERDOWN)
+ * sends it again after a back-off.  It is given up, with its handler called
+ * with NGX_HTTP_IDEMPOTENCY_REDIS_ERROR and info->reason set, when
+ * "deadline" (an ngx_current_msec value) passes while it is parked, when
+ * keeping it would exceed the worker's retry buffer, or when the worker
+ * exits.  Other error replies and every reply go to the handler as usual.
+ * The handler is never called from inside this function, and is called at
+ * worker exit too: it must not rely on a request (use data == NULL).
+ * Returns NULL (and calls nothing) only when no op can be made at all: no
+ * memory, no Redis for this configuration, or the worker is exiting.
+ */
+ngx_http_idempotency_redis_op_t *ngx_http_idempotency_redis_script_retry(
+    ngx_http_idempotency_redis_conf_t *rcf, ngx_uint_t script, ngx_str_t *key,
+    ngx_str_t *args, ngx_uint_t nargs, ngx_msec_t deadline,
+    ngx_http_idempotency_redis_pt handler, void *data, ngx_log_t *log);
+
 /* the handler will not be called for this op; safe on any live op */
 void ngx_http_idempotency_redis_cancel(ngx_http_idempotency_redis_op_t *op);
+
+/* this worker's counters for that Redis, or NULL without a connection */
+ngx_http_idempotency_redis_stats_t *ngx_http_idempotency_redis_stats(
+    ngx_http_idempotency_redis_conf_t *rcf);
 
 
 #endif /* _NGX_HTTP_IDEMPOTENCY_REDIS_H_INCLUDED_ */

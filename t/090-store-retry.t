@@ -1,0 +1,503 @@
+# The store step survives a passing Redis outage: when STORE cannot reach
+# Redis (no reply in time, connection lost, Redis restarting), the captured
+# response is kept in the worker and sent again once Redis is back, until the
+# claim's idempotency_lock_ttl ends; only then, over the retry buffer, or at
+# worker exit is it given up, with an error line (docs/behaviour.md, §8).
+#
+# Redis is taken away at a precise moment by a one-shot upstream
+# (upstream_once): nginx forwards to it only after the claim succeeded, and
+# it pauses, kills or restarts Redis before it answers.  The nginx location
+# /backend logs one EXEC line per execution; a block that reuses nginx counts
+# the lines of its own key (the error log is not cut between blocks).
+#
+# Needs `make test`'s Redis control script (TEST_NGINX_REDIS_CTL): skipped
+# without it.  The reload block is skipped under valgrind (no master there).
+
+use Test::Nginx::Socket $ENV{TEST_NGINX_REDIS_CTL}
+    ? 'no_plan'
+    : (skip_all => 'needs TEST_NGINX_REDIS_CTL (run via make test)');
+use IO::Socket::INET;
+use POSIX ();
+use Time::HiRes ();
+
+$ENV{TEST_NGINX_REDIS_PORT} ||= 6379;
+$ENV{TEST_NGINX_PREFIX} ||= "t090-$$-" . time() . ":";
+
+# under valgrind everything is many times slower: so is our choreography
+our $Slow = $ENV{TEST_NGINX_USE_VALGRIND} ? 6 : 1;
+
+# a small command timeout, so that a paused Redis is noticed quickly
+our $Timeout = 300 * $Slow;
+
+$ENV{TEST_NGINX_LOCK_TTL} = (1500 * $Slow) . 'ms';
+
+our $HttpConfig = qq{
+    log_format exec 'EXEC \$request_method \$uri \$http_idempotency_key';
+    idempotency_redis 127.0.0.1:$ENV{TEST_NGINX_REDIS_PORT}
+                      prefix=$ENV{TEST_NGINX_PREFIX}
+                      timeout=${Timeout}ms connect_timeout=${Timeout}ms;
+};
+
+our $Config = q{
+    location = /t {
+        idempotency on;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
+    }
+
+    location = /ttl {
+        idempotency on;
+        idempotency_lock_ttl $TEST_NGINX_LOCK_TTL;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
+    }
+
+    location = /big {
+        idempotency on;
+        idempotency_max_response_size 100m;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
+    }
+
+    location = /backend {
+        access_log logs/error.log exec;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_RAND_PORT_1;
+    }
+};
+
+our $Port;      # the one-shot upstream's port of the last config
+
+sub redis_cli {
+    my $cmd = join ' ', map { "'$_'" } @_;
+    my $out = `"$ENV{TEST_NGINX_REDIS_CTL}" cli $cmd 2>/dev/null`;
+    chomp $out;
+    return $out;
+}
+
+sub redis_ctl {
+    system("'$ENV{TEST_NGINX_REDIS_CTL}' @_ > /dev/null") == 0
+        or die "redis-ctl @_ failed\n";
+}
+
+# Where Redis writes dump.rdb (make test's Redis has no persistence: a test
+# that SAVEs removes the file again so that no later restart loads it).
+sub redis_dir {
+    my $conf = $ENV{TEST_NGINX_REDIS_CONF} // '';
+    open my $fh, '<', $conf or return;
+    while (<$fh>) {
+        return $1 if /^dir\s+(\S+)/;
+    }
+    return;
+}
+
+# state field of the record of $key, '' without one (or without Redis)
+sub record_state {
+    my ($key) = @_;
+    my ($rkey) = split /\n/, redis_cli('--scan', '--pattern',
+                                       "$ENV{TEST_NGINX_PREFIX}*:$key");
+    return '' unless $rkey;
+    return redis_cli('HGET', $rkey, 'state');
+}
+
+# bounded polls: true once the condition holds, false after $secs
+sub wait_state {
+    my ($key, $want, $secs) = @_;
+    my $end = Time::HiRes::time() + $secs;
+    while (Time::HiRes::time() < $end) {
+        return 1 if record_state($key) eq $want;
+        Time::HiRes::sleep(0.1);
+    }
+    warn "record of $key did not become '$want' in $secs s\n";
+    return 0;
+}
+
+sub wait_log {
+    my ($re, $secs) = @_;
+    my $file = "$ENV{TEST_NGINX_SERVER_ROOT}/logs/error.log";
+    my $end = Time::HiRes::time() + $secs;
+    while (Time::HiRes::time() < $end) {
+        if (open my $fh, '<', $file) {
+            while (<$fh>) {
+                return 1 if $_ =~ $re;
+            }
+        }
+        Time::HiRes::sleep(0.1);
+    }
+    warn "no line like $re in $secs s\n";
+    return 0;
+}
+
+# A one-shot upstream on 127.0.0.1:$o{port} (default: this block's
+# $TEST_NGINX_RAND_PORT_1), listening when this returns.  A detached process
+# (double fork, nothing left to reap) accepts one request, runs $o{before},
+# answers 201 with $o{body}, then runs $o{after}; an alarm bounds its life.
+sub upstream_once {
+    my (%o) = @_;
+    my $port = $o{port} // $ENV{TEST_NGINX_RAND_PORT_1};
+    $Port = $port;
+
+    my $srv = IO::Socket::INET->new(LocalAddr => '127.0.0.1',
+                                    LocalPort => $port, Listen => 5,
+                                    ReuseAddr => 1)
+        or die "upstream: cannot listen on $port: $!\n";
+
+    my $pid = fork();
+    die "fork: $!" unless defined $pid;
+
+    if ($pid == 0) {
+        POSIX::_exit(0) if fork();
+        open STDOUT, '>', '/dev/null';
+        open STDERR, '>', '/dev/null';
+
+        eval {
+            local $SIG{ALRM} = sub { die "alarm\n" };
+            alarm(int(60 * $main::Slow));
+
+            my $c = $srv->accept or die "accept: $!\n";
+            my $buf = '';
+            while ($buf !~ /\r\n\r\n/) {
+                sysread($c, $buf, 65536, length $buf) or last;
+            }
+            my ($len) = $buf =~ /^Content-Length:\s*(\d+)/mi;
+            my $want = index($buf, "\r\n\r\n") + 4 + ($len // 0);
+            while (length $buf < $want) {
+                sysread($c, $buf, 65536, length $buf) or last;
+            }
+
+            $o{before}->() if $o{before};
+
+            my $body = $o{body} // "created\n";
+            my $resp = "HTTP/1.1 201 Created\r\nContent-Type: text/plain\r\n"
+                       . "Content-Length: " . length($body) . "\r\n"
+                       . "Connection: close\r\n\r\n" . $body;
+            while (length $resp) {
+                my $n = syswrite($c, $resp) or last;
+                substr($resp, 0, $n, '');
+            }
+            close $c;
+
+            $o{after}->() if $o{after};
+            alarm(0);
+        };
+        POSIX::_exit(0);
+    }
+
+    close $srv;
+    waitpid($pid, 0);
+}
+
+# whatever happened above, later test files find Redis running, and no
+# dump.rdb of ours is loaded by a later restart
+END {
+    if ($ENV{TEST_NGINX_REDIS_CTL}) {
+        system("'$ENV{TEST_NGINX_REDIS_CTL}' start > /dev/null 2>&1");
+        my $dir = redis_dir();
+        unlink "$dir/dump.rdb" if $dir;
+    }
+}
+
+master_on();
+no_shuffle();
+run_tests();
+
+__DATA__
+
+=== TEST 1: Redis paused as the response completes: the store is kept for a retry
+--- http_config eval: $::HttpConfig
+--- config eval: $::Config
+--- init
+main::upstream_once(before => sub {
+    main::redis_cli('CLIENT', 'PAUSE', int(1500 * $main::Slow), 'ALL');
+});
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: pause-1
+--- error_code: 201
+--- response_headers
+!Idempotent-Replayed
+--- response_body
+created
+--- wait eval: 1 * $::Slow
+--- error_log eval
+qr/"127\.0\.0\.1:\d+" store of "[^"]+:pause-1" failed \(no reply in time\), kept for a retry/
+--- no_error_log
+gave up
+
+
+
+=== TEST 2: once Redis is back, a retry gets the replay and the operation ran once
+--- init
+main::wait_state('pause-1', 'done', 10 * $main::Slow);
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: pause-1
+--- error_code: 201
+--- response_headers
+Idempotent-Replayed: true
+--- response_body
+created
+--- grep_error_log: EXEC POST /backend pause-1
+--- grep_error_log_out
+EXEC POST /backend pause-1
+--- error_log eval
+[qr/storing the response for "[^"]+:pause-1" succeeded after a retry \(attempts: 2\)/,
+ qr/every command kept for a retry is settled: 0 parked, 0 bytes; [1-9]\d* resent, 0 given up/]
+--- no_error_log
+gave up
+
+
+
+=== TEST 3: Redis busy (a long script) as the response completes: the store is retried after a back-off
+--- http_config eval: $::HttpConfig
+--- config eval: $::Config
+--- init
+main::upstream_once(before => sub {
+    main::redis_cli('CONFIG', 'SET', 'busy-reply-threshold', '50');
+    my $secs = 1.5 * $main::Slow;
+    system("'$ENV{TEST_NGINX_REDIS_CTL}' cli EVAL "
+           . "\"local t = redis.call('TIME') "
+           . "local stop = t[1] * 1000000 + t[2] + $secs * 1000000 "
+           . "repeat t = redis.call('TIME') "
+           . "until t[1] * 1000000 + t[2] >= stop\" 0 > /dev/null 2>&1 &");
+    Time::HiRes::sleep(0.3);
+});
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: busy-1
+--- error_code: 201
+--- wait eval: 0.3 * $::Slow
+--- error_log eval
+qr/store of "[^"]+:busy-1" failed \(Redis is busy running a script\), kept for a retry/
+
+
+
+=== TEST 4: ... and succeeds once the script is over, on the same connection
+--- init
+main::wait_state('busy-1', 'done', 10 * $main::Slow);
+main::redis_cli('CONFIG', 'SET', 'busy-reply-threshold', '5000');
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: busy-1
+--- error_code: 201
+--- response_headers
+Idempotent-Replayed: true
+--- grep_error_log: EXEC POST /backend busy-1
+--- grep_error_log_out
+EXEC POST /backend busy-1
+--- error_log eval
+[qr/storing the response for "[^"]+:busy-1" succeeded after a retry/,
+ qr/every command kept for a retry is settled: 0 parked, 0 bytes; [1-9]\d* resent, 0 given up/]
+--- no_error_log
+reconnecting
+
+
+
+=== TEST 5: Redis killed after the claim and restarted with its data: the store waits for it
+--- http_config eval: $::HttpConfig
+--- config eval: $::Config
+--- init
+main::upstream_once(
+    before => sub { main::redis_cli('SAVE'); main::redis_ctl('kill') },
+    after => sub {
+        Time::HiRes::sleep(0.5 * $main::Slow);
+        main::redis_ctl('start');
+    });
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: kill-1
+--- error_code: 201
+--- response_headers
+!Idempotent-Replayed
+--- wait eval: 0.3 * $::Slow
+--- error_log eval
+qr/store of "[^"]+:kill-1" failed \((?:not connected|connection lost)\), kept for a retry/
+
+
+
+=== TEST 6: the record survived the restart: the late store completed it, a retry is replayed
+--- init
+main::wait_state('kill-1', 'done', 10 * $main::Slow);
+my $dir = main::redis_dir();
+unlink "$dir/dump.rdb" if $dir;
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: kill-1
+--- error_code: 201
+--- response_headers
+Idempotent-Replayed: true
+--- response_body
+created
+--- grep_error_log: EXEC POST /backend kill-1
+--- grep_error_log_out
+EXEC POST /backend kill-1
+--- error_log eval
+[qr/storing the response for "[^"]+:kill-1" succeeded after a retry/,
+ qr/every command kept for a retry is settled: 0 parked, 0 bytes/]
+--- no_error_log
+gave up
+
+
+
+=== TEST 7: Redis restarted without its data: the claim is gone and the late store is refused
+--- http_config eval: $::HttpConfig
+--- config eval: $::Config
+--- init
+main::upstream_once(
+    before => sub { main::redis_ctl('kill') },
+    after => sub {
+        Time::HiRes::sleep(0.5 * $main::Slow);
+        main::redis_ctl('start');
+    });
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: lost-1
+--- error_code: 201
+
+
+
+=== TEST 8: ... so a retry runs the operation again (persistence is what keeps claims)
+--- init
+main::wait_log(qr/the claim on "[^"]+:lost-1" was lost \(Redis was away/,
+               10 * $main::Slow);
+main::upstream_once(port => $main::Port);
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: lost-1
+--- error_code: 201
+--- response_headers
+!Idempotent-Replayed
+--- grep_error_log: EXEC POST /backend lost-1
+--- grep_error_log_out
+EXEC POST /backend lost-1
+EXEC POST /backend lost-1
+--- no_error_log
+gave up
+
+
+
+=== TEST 9: Redis away past the lock TTL: the store is given up with an error line
+--- http_config eval: $::HttpConfig
+--- config eval: $::Config
+--- init
+main::upstream_once(before => sub { main::redis_ctl('kill') });
+--- request
+POST /ttl
+x
+--- more_headers
+Idempotency-Key: ttl-1
+--- error_code: 201
+--- wait eval: 2 * $::Slow
+--- error_log eval
+qr/\[error\] .*gave up storing the response for "[^"]+:ttl-1" \(its deadline passed; attempts: \d+, last error: (?:not connected|connection lost)\): the response is lost; once idempotency_lock_ttl ends, a retry runs the operation again/
+
+
+
+=== TEST 10: ... the claim expired with it: a retry after Redis is back runs again
+--- init
+main::redis_ctl('start');
+Time::HiRes::sleep(2.5 * $main::Slow);
+main::upstream_once(port => $main::Port);
+--- request
+POST /ttl
+x
+--- more_headers
+Idempotency-Key: ttl-1
+--- error_code: 201
+--- response_headers
+!Idempotent-Replayed
+--- grep_error_log: EXEC POST /backend ttl-1
+--- grep_error_log_out
+EXEC POST /backend ttl-1
+EXEC POST /backend ttl-1
+--- error_log eval
+qr/every command kept for a retry is settled: 0 parked, 0 bytes; \d+ resent, 1 given up/
+
+
+
+=== TEST 11: a response larger than the retry buffer (64 MiB) is given up at once
+--- http_config eval: $::HttpConfig
+--- config eval: $::Config
+--- init
+main::upstream_once(before => sub { main::redis_ctl('kill') },
+                    body => 'x' x (65 * 1024 * 1024));
+--- request
+POST /big
+x
+--- more_headers
+Idempotency-Key: big-1
+--- timeout eval: 30 * $::Slow
+--- error_code: 201
+--- wait eval: 0.5 * $::Slow
+--- error_log eval
+[qr/\[error\] .*cannot keep the store of "[^"]+:big-1" \(\d+ bytes\) for a retry: commands kept for a retry may use at most 67108864 bytes \(64 MiB\) per worker, 0 are in use/,
+ qr/\[error\] .*gave up storing the response for "[^"]+:big-1" \(the worker's retry buffer is full; attempts: \d+/]
+--- no_error_log
+kept for a retry for up to
+
+
+
+=== TEST 12: Redis back: the same workers store again
+--- init
+main::redis_ctl('start');
+Time::HiRes::sleep(2.5 * $main::Slow);
+main::upstream_once(port => $main::Port);
+--- request
+POST /big
+x
+--- more_headers
+Idempotency-Key: big-2
+--- error_code: 201
+--- wait eval: 0.5 * $::Slow
+--- no_error_log eval
+qr/gave up storing the response for "[^"]+:big-2"/
+
+
+
+=== TEST 13: graceful shutdown (reload) with a store kept for a retry
+--- skip_eval: 2: $ENV{TEST_NGINX_USE_VALGRIND}
+--- http_config eval: $::HttpConfig
+--- config eval: $::Config
+--- init
+Time::HiRes::sleep(0.5);
+main::upstream_once(before => sub { main::redis_ctl('kill') });
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: exit-1
+--- error_code: 201
+--- wait eval: 0.3
+--- error_log eval
+qr/store of "[^"]+:exit-1" failed .*kept for a retry for up to \d+ ms/
+
+
+
+=== TEST 14: ... the old worker does not wait for Redis or the 60 s lock TTL: it gives the store up
+--- skip_eval: 3: $ENV{TEST_NGINX_USE_VALGRIND}
+--- init
+my $pidfile = "$ENV{TEST_NGINX_SERVER_ROOT}/logs/nginx.pid";
+open my $fh, '<', $pidfile or die "no $pidfile: $!";
+my $pid = <$fh>;
+chomp $pid;
+kill 'HUP', $pid or die "cannot HUP $pid";
+main::wait_log(qr/gave up storing the response for "[^"]+:exit-1"/, 5);
+main::redis_ctl('start');
+--- request
+GET /
+--- error_code: 200
+--- error_log eval
+[qr/\[error\] .*gave up storing the response for "[^"]+:exit-1" \(the worker is exiting; attempts: \d+, last error: (?:not connected|connection lost)\)/,
+ qr/every command kept for a retry is settled: 0 parked, 0 bytes; 0 resent, 1 given up/]
