@@ -14,6 +14,7 @@ static ngx_int_t ngx_http_idempotency_snapshot(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 static ngx_uint_t ngx_http_idempotency_stored_header(
     ngx_http_idempotency_ctx_t *ctx, ngx_table_elt_t *h);
+static void ngx_http_idempotency_swallow(ngx_chain_t *in);
 static ngx_int_t ngx_http_idempotency_capture(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, ngx_buf_t *b);
 static void ngx_http_idempotency_settle_handler(void *data, redisReply *reply,
@@ -240,6 +241,7 @@ ngx_http_idempotency_stored_header(ngx_http_idempotency_ctx_t *ctx,
 static ngx_int_t
 ngx_http_idempotency_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
 {
+    ngx_int_t                    rc;
     ngx_chain_t                 *cl;
     ngx_http_idempotency_ctx_t  *ctx;
 
@@ -274,7 +276,60 @@ ngx_http_idempotency_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
         ngx_http_idempotency_settle(ctx);
     }
 
-    return ngx_http_next_body_filter(r, in);
+    if (ctx->client_gone) {
+        ngx_http_idempotency_swallow(in);
+        return NGX_OK;
+    }
+
+    rc = ngx_http_next_body_filter(r, in);
+
+    /*
+     * With proxy_ignore_client_abort the operation goes on upstream after
+     * the client went away; a failed write to the client would still make
+     * nginx close the upstream, and the response would never be recorded.
+     * So the rest of it is taken in here, to be stored, and not sent.
+     */
+
+    if (rc == NGX_ERROR
+        && r->connection->error
+        && !ctx->complete
+        && !ctx->release
+        && r->upstream
+        && r->upstream->conf->ignore_client_abort)
+    {
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "idempotency: client of \"%V\" went away, the rest "
+                      "of the response is read for the record only",
+                      &ctx->rkey);
+
+        ctx->client_gone = 1;
+        ngx_http_idempotency_swallow(in);
+        return NGX_OK;
+    }
+
+    return rc;
+}
+
+
+/* marks buffers as sent: their owner may reuse them */
+
+static void
+ngx_http_idempotency_swallow(ngx_chain_t *in)
+{
+    ngx_buf_t    *b;
+    ngx_chain_t  *cl;
+
+    for (cl = in; cl; cl = cl->next) {
+        b = cl->buf;
+
+        if (ngx_buf_in_memory(b)) {
+            b->pos = b->last;
+        }
+
+        if (b->in_file) {
+            b->file_pos = b->file_last;
+        }
+    }
 }
 
 

@@ -122,6 +122,7 @@ typedef struct {
     unsigned                             oversize:1;
     unsigned                             complete:1;
     unsigned                             replaying:1;
+    unsigned                             client_gone:1;
 } ngx_http_idempotency_ctx_t;
 
 
