@@ -11,12 +11,12 @@
 # such blocks.
 
 use Test::Nginx::Socket 'no_plan';
+use lib 't/lib';
+use IdemTest;
 
 $ENV{TEST_NGINX_REDIS_PORT} ||= 6379;
 $ENV{TEST_NGINX_PREFIX} ||= "t040-$$-" . time() . ":";
 
-# under valgrind, starting workers and reconnecting take many times longer
-our $Slow = $ENV{TEST_NGINX_USE_VALGRIND} ? 6 : 1;
 
 our $HttpConfig = qq{
     log_format exec 'EXEC \$request_method \$uri \$http_idempotency_key';
@@ -43,17 +43,7 @@ our $Config = q{
     }
 };
 
-sub redis_cli {
-    my $cmd = join ' ', map { "'$_'" } @_;
-    my $out = `"$ENV{TEST_NGINX_REDIS_CTL}" cli $cmd`;
-    chomp $out;
-    return $out;
-}
 
-sub redis_ctl {
-    system($ENV{TEST_NGINX_REDIS_CTL}, @_) == 0
-        or die "redis-ctl @_ failed\n";
-}
 
 master_on();
 no_shuffle();

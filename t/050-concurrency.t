@@ -5,14 +5,14 @@
 # a background client from "--- init", the duplicate is the block's request.
 
 use Test::Nginx::Socket 'no_plan';
+use lib 't/lib';
+use IdemTest;
 use IO::Socket::INET;
 use POSIX ();
 
 $ENV{TEST_NGINX_REDIS_PORT} ||= 6379;
 $ENV{TEST_NGINX_PREFIX} ||= "t050-$$-" . time() . ":";
 
-# under valgrind everything is many times slower: so is our choreography
-our $Slow = $ENV{TEST_NGINX_USE_VALGRIND} ? 6 : 1;
 our $Rate = int(80 / $Slow);
 
 our $HttpConfig = qq{
@@ -44,41 +44,6 @@ our $Config = q{
     }
 };
 
-# sends one request from a detached process and returns once it is on its
-# way (double fork: nothing is left for the runner to reap); with $hangup
-# the client goes away after that many seconds without reading the response
-sub first_request {
-    my ($uri, $key, $hangup) = @_;
-
-    my $pid = fork();
-    die "fork: $!" unless defined $pid;
-
-    if ($pid == 0) {
-        POSIX::_exit(0) if fork();
-
-        my $sock = IO::Socket::INET->new(
-            PeerAddr => '127.0.0.1',
-            PeerPort => $ENV{TEST_NGINX_SERVER_PORT},
-            Timeout  => 10,
-        ) or POSIX::_exit(1);
-
-        print $sock "POST $uri HTTP/1.1\r\nHost: localhost\r\n"
-                    . "Idempotency-Key: $key\r\nContent-Length: 1\r\n"
-                    . "Connection: close\r\n\r\nx";
-        if ($hangup) {
-            select(undef, undef, undef, $hangup * $main::Slow);
-            close $sock;
-            POSIX::_exit(0);
-        }
-
-        local $/;
-        my $resp = <$sock>;
-        POSIX::_exit(0);
-    }
-
-    waitpid($pid, 0);
-    select(undef, undef, undef, 0.5 * $main::Slow);
-}
 
 $ENV{TEST_NGINX_RATE} = $Rate;
 

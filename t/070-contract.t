@@ -10,6 +10,8 @@
 # the log checks see only that block's lines.
 
 use Test::Nginx::Socket 'no_plan';
+use lib 't/lib';
+use IdemTest;
 use IO::Socket::INET;
 use IO::Compress::Gzip qw(gzip $GzipError);
 use POSIX ();
@@ -17,8 +19,6 @@ use POSIX ();
 $ENV{TEST_NGINX_REDIS_PORT} ||= 6379;
 $ENV{TEST_NGINX_PREFIX} ||= "t070-$$-" . time() . ":";
 
-# under valgrind everything is many times slower: so is our choreography
-our $Slow = $ENV{TEST_NGINX_USE_VALGRIND} ? 6 : 1;
 our $Rate = int(80 / $Slow);
 $ENV{TEST_NGINX_RATE} = $Rate;
 $ENV{TEST_NGINX_RATE_BIG} = int(8000 / $Slow);
@@ -330,43 +330,6 @@ our $AbortConfig = q{
 
 our $Body20k = join '', map { sprintf "line %04d %s\n", $_, '.' x 29 } 1 .. 500;
 
-# Sends "POST $uri" with a one-byte body "x" from a detached process and
-# returns once it is on its way (double fork: nothing is left for the runner
-# to reap).  With $hangup the client closes the connection after that many
-# seconds without reading the response.  $settle: seconds to wait after
-# that before returning (default 0.5), scaled under valgrind.
-sub first_request {
-    my ($uri, $key, $hangup, $settle) = @_;
-
-    my $pid = fork();
-    die "fork: $!" unless defined $pid;
-
-    if ($pid == 0) {
-        POSIX::_exit(0) if fork();
-
-        my $sock = IO::Socket::INET->new(
-            PeerAddr => '127.0.0.1',
-            PeerPort => $ENV{TEST_NGINX_SERVER_PORT},
-            Timeout  => 10,
-        ) or POSIX::_exit(1);
-
-        print $sock "POST $uri HTTP/1.1\r\nHost: localhost\r\n"
-                    . "Idempotency-Key: $key\r\nContent-Length: 1\r\n"
-                    . "Connection: close\r\n\r\nx";
-        if ($hangup) {
-            select(undef, undef, undef, $hangup * $main::Slow);
-            close $sock;
-            POSIX::_exit(0);
-        }
-
-        local $/;
-        my $resp = <$sock>;
-        POSIX::_exit(0);
-    }
-
-    waitpid($pid, 0);
-    select(undef, undef, undef, ($settle // 0.5) * $main::Slow);
-}
 
 no_shuffle();
 run_tests();

@@ -25,14 +25,14 @@ BEGIN {
 }
 
 use Test::Nginx::Socket 'no_plan';
+use lib 't/lib';
+use IdemTest;
 use IO::Socket::INET;
 use POSIX ();
 
 $ENV{TEST_NGINX_REDIS_PORT} ||= 6379;
 $ENV{TEST_NGINX_PREFIX} ||= "t080-$$-" . time() . ":";
 
-# under valgrind everything is many times slower: so is our choreography
-our $Slow = $ENV{TEST_NGINX_USE_VALGRIND} ? 6 : 1;
 our $Rate = int(80 / $Slow);
 $ENV{TEST_NGINX_RATE} = $Rate;
 
@@ -172,35 +172,6 @@ sub h2_is {
     }
 }
 
-# sends "POST $uri" with the body "x" over HTTP/1.1 from a detached process
-# (double fork) and returns once it is on its way
-sub first_request {
-    my ($uri, $key) = @_;
-
-    my $pid = fork();
-    die "fork: $!" unless defined $pid;
-
-    if ($pid == 0) {
-        POSIX::_exit(0) if fork();
-
-        my $sock = IO::Socket::INET->new(
-            PeerAddr => '127.0.0.1',
-            PeerPort => $ENV{TEST_NGINX_SERVER_PORT},
-            Timeout  => 10,
-        ) or POSIX::_exit(1);
-
-        print $sock "POST $uri HTTP/1.1\r\nHost: localhost\r\n"
-                    . "Idempotency-Key: $key\r\nContent-Length: 1\r\n"
-                    . "Connection: close\r\n\r\nx";
-
-        local $/;
-        my $resp = <$sock>;
-        POSIX::_exit(0);
-    }
-
-    waitpid($pid, 0);
-    select(undef, undef, undef, 0.5 * $main::Slow);
-}
 
 no_shuffle();
 run_tests();

@@ -16,15 +16,14 @@
 use Test::Nginx::Socket $ENV{TEST_NGINX_REDIS_CTL}
     ? 'no_plan'
     : (skip_all => 'needs TEST_NGINX_REDIS_CTL (run via make test)');
+use lib 't/lib';
+use IdemTest;
 use IO::Socket::INET;
 use POSIX ();
 use Time::HiRes ();
 
 $ENV{TEST_NGINX_REDIS_PORT} ||= 6379;
 $ENV{TEST_NGINX_PREFIX} ||= "t090-$$-" . time() . ":";
-
-# under valgrind everything is many times slower: so is our choreography
-our $Slow = $ENV{TEST_NGINX_USE_VALGRIND} ? 6 : 1;
 
 # a small command timeout, so that a paused Redis is noticed quickly
 our $Timeout = 300 * $Slow;
@@ -64,17 +63,7 @@ our $Config = q{
 
 our $Port;      # the one-shot upstream's port of the last config
 
-sub redis_cli {
-    my $cmd = join ' ', map { "'$_'" } @_;
-    my $out = `"$ENV{TEST_NGINX_REDIS_CTL}" cli $cmd 2>/dev/null`;
-    chomp $out;
-    return $out;
-}
 
-sub redis_ctl {
-    system("'$ENV{TEST_NGINX_REDIS_CTL}' @_ > /dev/null") == 0
-        or die "redis-ctl @_ failed\n";
-}
 
 # Where Redis writes dump.rdb (make test's Redis has no persistence: a test
 # that SAVEs removes the file again so that no later restart loads it).

@@ -1,0 +1,72 @@
+package IdemTest;
+
+# Helpers shared by the t/*.t suites (not by the runner): a client that
+# sends the first request of a key in the background, and the Redis control
+# script of `make test`.  Loaded with `use lib 't/lib'; use IdemTest;` from
+# the repository root, under our runner and under the real Test::Nginx.
+
+use strict;
+use warnings;
+
+use Exporter 'import';
+use IO::Socket::INET ();
+use POSIX ();
+
+our @EXPORT = qw($Slow first_request redis_cli redis_ctl);
+
+# under valgrind everything is many times slower: so is our choreography
+our $Slow = $ENV{TEST_NGINX_USE_VALGRIND} ? 6 : 1;
+
+# Sends "POST $uri" with a one-byte body "x" from a detached process and
+# returns once it is on its way (double fork: nothing is left for the runner
+# to reap).  With $hangup the client closes the connection after that many
+# seconds without reading the response.  $settle: seconds to wait before
+# returning (default 0.5).  Both are scaled under valgrind.
+sub first_request {
+    my ($uri, $key, $hangup, $settle) = @_;
+
+    my $pid = fork();
+    die "fork: $!" unless defined $pid;
+
+    if ($pid == 0) {
+        POSIX::_exit(0) if fork();
+
+        my $sock = IO::Socket::INET->new(
+            PeerAddr => '127.0.0.1',
+            PeerPort => $ENV{TEST_NGINX_SERVER_PORT},
+            Timeout  => 10,
+        ) or POSIX::_exit(1);
+
+        print $sock "POST $uri HTTP/1.1\r\nHost: localhost\r\n"
+                    . "Idempotency-Key: $key\r\nContent-Length: 1\r\n"
+                    . "Connection: close\r\n\r\nx";
+
+        if ($hangup) {
+            select(undef, undef, undef, $hangup * $Slow);
+            close $sock;
+            POSIX::_exit(0);
+        }
+
+        local $/;
+        my $resp = <$sock>;
+        POSIX::_exit(0);
+    }
+
+    waitpid($pid, 0);
+    select(undef, undef, undef, ($settle // 0.5) * $Slow);
+}
+
+# redis-cli against make test's Redis, output without the last newline
+sub redis_cli {
+    my $cmd = join ' ', map { "'$_'" } @_;
+    my $out = `"$ENV{TEST_NGINX_REDIS_CTL}" cli $cmd 2>/dev/null`;
+    chomp $out;
+    return $out;
+}
+
+sub redis_ctl {
+    system("'$ENV{TEST_NGINX_REDIS_CTL}' @_ > /dev/null") == 0
+        or die "redis-ctl @_ failed\n";
+}
+
+1;
