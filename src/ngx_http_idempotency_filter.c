@@ -15,6 +15,9 @@ static ngx_int_t ngx_http_idempotency_snapshot(ngx_http_request_t *r,
 static ngx_uint_t ngx_http_idempotency_stored_header(
     ngx_http_idempotency_ctx_t *ctx, ngx_table_elt_t *h);
 static void ngx_http_idempotency_swallow(ngx_chain_t *in);
+static void ngx_http_idempotency_renew_handler(ngx_event_t *ev);
+static void ngx_http_idempotency_renew_done(void *data, redisReply *reply,
+    ngx_uint_t rc);
 static ngx_int_t ngx_http_idempotency_capture(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, ngx_buf_t *b);
 static void ngx_http_idempotency_settle_handler(void *data, redisReply *reply,
@@ -426,6 +429,10 @@ ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx)
     u_char                              status[NGX_INT_T_LEN];
     u_char                              ttl[NGX_INT_T_LEN];
 
+    if (ctx->renew_timer.timer_set) {
+        ngx_del_timer(&ctx->renew_timer);
+    }
+
     if (ctx->state != NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED) {
         return;
     }
@@ -562,5 +569,81 @@ ngx_http_idempotency_settle_handler(void *data, redisReply *reply,
         ngx_log_error(NGX_LOG_NOTICE, ngx_cycle->log, 0,
                       "idempotency: %s \"%V\" succeeded after a retry "
                       "(attempts: %ui)", what, &info->key, info->attempts);
+    }
+}
+
+
+/*
+ * While a claimed request runs, its claim is renewed every third of
+ * idempotency_lock_ttl: an upstream slower than the lock TTL never lets a
+ * retry run the operation a second time, and the lock TTL only bounds how
+ * long the claim of a request that died (worker crash) blocks retries.
+ */
+
+void
+ngx_http_idempotency_renew_start(ngx_http_idempotency_ctx_t *ctx)
+{
+    ngx_event_t  *ev;
+
+    ev = &ctx->renew_timer;
+    ev->handler = ngx_http_idempotency_renew_handler;
+    ev->data = ctx;
+    ev->log = ctx->request->connection->log;
+
+    ngx_add_timer(ev, ngx_max(ctx->conf->lock_ttl / 3, 1));
+}
+
+
+static void
+ngx_http_idempotency_renew_handler(ngx_event_t *ev)
+{
+    ngx_str_t                    args[2];
+    u_char                       ttl[NGX_INT_T_LEN];
+    ngx_http_idempotency_ctx_t  *ctx;
+
+    ctx = ev->data;
+
+    if (ctx->state != NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED) {
+        return;
+    }
+
+    args[0].data = ctx->owner;
+    args[0].len = sizeof(ctx->owner);
+    args[1].data = ttl;
+    args[1].len = ngx_sprintf(ttl, "%M", ctx->conf->lock_ttl) - ttl;
+
+    ngx_log_debug1(NGX_LOG_DEBUG_HTTP, ev->log, 0,
+                   "idempotency renew \"%V\"", &ctx->rkey);
+
+    /* the store step's deadline moves with the claim's expiry */
+
+    if (ngx_http_idempotency_redis_script(ctx->conf->redis,
+                                          NGX_HTTP_IDEMPOTENCY_SCRIPT_RENEW,
+                                          &ctx->rkey, args, 2,
+                                          ngx_http_idempotency_renew_done,
+                                          NULL, ev->log)
+        != NULL)
+    {
+        ctx->claimed = ngx_current_msec;
+    }
+
+    ngx_add_timer(ev, ngx_max(ctx->conf->lock_ttl / 3, 1));
+}
+
+
+/* no request here; data is the op's copy of the key */
+
+static void
+ngx_http_idempotency_renew_done(void *data, redisReply *reply, ngx_uint_t rc)
+{
+    ngx_str_t *key = data;
+
+    if (rc == NGX_HTTP_IDEMPOTENCY_REDIS_OK
+        && reply->type == REDIS_REPLY_INTEGER && reply->integer == 0)
+    {
+        ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0,
+                      "idempotency: the claim on \"%V\" was lost while its "
+                      "request was running (expired or removed in Redis); "
+                      "a retry may run the operation again", key);
     }
 }

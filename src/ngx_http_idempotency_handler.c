@@ -611,6 +611,7 @@ ngx_http_idempotency_decide(ngx_http_request_t *r,
     if (kind->len == 4 && ngx_strncmp(kind->data, "MISS", 4) == 0) {
         ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED;
         ctx->outcome = NGX_HTTP_IDEMPOTENCY_MISS;
+        ngx_http_idempotency_renew_start(ctx);
         return NGX_DECLINED;
     }
 
@@ -757,6 +758,27 @@ ngx_http_idempotency_replay(ngx_http_request_t *r,
     const u_char                          *p, *end;
     ngx_http_idempotency_record_header_t   rh;
 
+    p = ctx->reply_headers.data;
+    end = p + ctx->reply_headers.len;
+
+    /*
+     * The whole headers field is checked before any of it goes into the
+     * response: a corrupt record is refused with a problem (or passed on,
+     * with idempotency_on_store_error open) that carries none of it.
+     */
+
+    do {
+        rc = ngx_http_idempotency_record_next_header(&p, end, &rh);
+    } while (rc == 1);
+
+    if (rc == -1) {
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "idempotency: stored headers of \"%V\" are "
+                      "corrupt, not replayed", &ctx->rkey);
+        ctx->redis_rc = NGX_HTTP_IDEMPOTENCY_REDIS_ERROR;
+        return ngx_http_idempotency_redis_failed(r, ctx);
+    }
+
     ctx->replaying = 1;
 
     /* what was stored is sent, as for a proxied response: no 304 from it */
@@ -765,23 +787,8 @@ ngx_http_idempotency_replay(ngx_http_request_t *r,
     r->headers_out.status = ctx->reply_status;
 
     p = ctx->reply_headers.data;
-    end = p + ctx->reply_headers.len;
 
-    for ( ;; ) {
-        rc = ngx_http_idempotency_record_next_header(&p, end, &rh);
-
-        if (rc == 0) {
-            break;
-        }
-
-        if (rc == -1) {
-            ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                          "idempotency: stored headers of \"%V\" are "
-                          "corrupt, not replayed", &ctx->rkey);
-            ctx->redis_rc = NGX_HTTP_IDEMPOTENCY_REDIS_ERROR;
-            return ngx_http_idempotency_redis_failed(r, ctx);
-        }
-
+    while (ngx_http_idempotency_record_next_header(&p, end, &rh) == 1) {
         if (ngx_http_idempotency_replay_header(r, &rh) != NGX_OK) {
             return NGX_HTTP_INTERNAL_SERVER_ERROR;
         }

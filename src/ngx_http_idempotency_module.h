@@ -97,6 +97,7 @@ typedef struct {
 
     ngx_http_idempotency_redis_op_t     *op;
     ngx_msec_t                           claimed;  /* claim sent, msec */
+    ngx_event_t                          renew_timer;
     ngx_event_t                          wait_timer;
     ngx_msec_t                           wait_until;
     ngx_msec_t                           wait_step;
@@ -133,6 +134,7 @@ ngx_int_t ngx_http_idempotency_handler(ngx_http_request_t *r);
 ngx_int_t ngx_http_idempotency_filter_init(ngx_conf_t *cf);
 ngx_int_t ngx_http_idempotency_add_variables(ngx_conf_t *cf);
 void ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx);
+void ngx_http_idempotency_renew_start(ngx_http_idempotency_ctx_t *ctx);
 
 ngx_int_t ngx_http_idempotency_send_problem(ngx_http_request_t *r,
     ngx_http_idempotency_outcome_e outcome);

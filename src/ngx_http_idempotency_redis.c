@@ -244,7 +244,10 @@ static ngx_http_idempotency_redis_script_t
       sizeof(ngx_http_idempotency_lua_store) - 1, "" },
 
     { "release", ngx_http_idempotency_lua_release,
-      sizeof(ngx_http_idempotency_lua_release) - 1, "" }
+      sizeof(ngx_http_idempotency_lua_release) - 1, "" },
+
+    { "renew", ngx_http_idempotency_lua_renew,
+      sizeof(ngx_http_idempotency_lua_renew) - 1, "" }
 };
 
 

@@ -165,7 +165,7 @@ the claim is kept until idempotency_lock_ttl ends
 
 
 
-=== TEST 6: a claim that expired is not overwritten by its late owner
+=== TEST 6: a claim is renewed while its upstream runs longer than the lock TTL
 --- http_config eval: $::HttpConfig
 --- config
     location = /t {
@@ -180,7 +180,43 @@ the claim is kept until idempotency_lock_ttl ends
         return 201 "slow done\n";
     }
 --- init
+main::first_request('/t', 'renew-1', 0, 0.7);
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: renew-1
+--- error_code: 409
+--- wait eval: 2 * $::Slow
+--- grep_error_log: EXEC POST /backend renew-1
+--- grep_error_log_out
+EXEC POST /backend renew-1
+--- no_error_log
+was lost
+
+
+
+=== TEST 7: a claim lost in Redis is not overwritten by its late owner
+--- skip_eval: 4: !$ENV{TEST_NGINX_REDIS_CTL}
+--- http_config eval: $::HttpConfig
+--- config
+    location = /t {
+        idempotency on;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
+    }
+
+    location = /backend {
+        access_log logs/error.log exec;
+        limit_rate $TEST_NGINX_RATE;
+        return 201 "slow done\n";
+    }
+--- init
+use Digest::SHA ();
 main::first_request('/t', 'fence-1');
+# the claim disappears (as after an eviction or a Redis without
+# persistence restarting): the duplicate claims the key anew
+main::redis_cli('DEL', $ENV{TEST_NGINX_PREFIX} . Digest::SHA::sha256_hex('')
+                       . ':fence-1');
 --- request
 POST /t
 x
