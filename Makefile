@@ -24,6 +24,9 @@ endif
 ifneq ($(filter test,$(MAKECMDGOALS)),)
 SETUP_SET := test
 endif
+ifneq ($(filter bench,$(MAKECMDGOALS)),)
+SETUP_SET := bench
+endif
 ifneq ($(filter test-valgrind setup,$(MAKECMDGOALS)),)
 SETUP_SET := all
 endif
@@ -74,6 +77,11 @@ test-valgrind: build check-example
 lint: build
 	@scripts/lint.sh
 
+# BENCH_ARGS: options of bench/bench.sh, e.g. make bench BENCH_ARGS=--quick
+.PHONY: bench
+bench: build
+	@bench/bench.sh $(BENCH_ARGS)
+
 clean:
 	@scripts/stop.sh --quiet
 	rm -rf build t/servroot*
@@ -88,6 +96,8 @@ help:
 	@echo 'make test           unit tests (t/unit) and prove t/*.t; TESTS=t/x.t for a subset'
 	@echo 'make test-valgrind  the same with nginx under valgrind memcheck'
 	@echo 'make lint           cppcheck and clang-tidy over src/'
+	@echo 'make bench          throughput/latency vs nginx alone, proxy_pass, srcache'
+	@echo '                    and a Lua peer (~3 min; BENCH_ARGS=--quick: ~1.5 min)'
 	@echo 'make check-example  nginx -t on the rendered examples/nginx.conf'
 	@echo 'make check-src      verify the nginx-dev tree is unmodified'
 	@echo 'make clean          stop the demo, remove build/'

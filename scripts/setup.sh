@@ -1,7 +1,7 @@
 #!/bin/sh
 # Install the Debian 12 packages needed to build, run and test the module.
 #
-#   scripts/setup.sh [build|run|test|valgrind|image|all]    (default: all)
+#   scripts/setup.sh [build|run|test|valgrind|bench|image|all]  (default: all)
 #
 # A quick no-op when everything is installed. Otherwise, as root, runs
 # apt-get update + install non-interactively and makes sure the services
@@ -14,6 +14,11 @@ build="gcc make libc6-dev dpkg-dev nginx nginx-dev libhiredis-dev libssl-dev
 run="redis-server redis-tools curl"
 test="perl libtest-base-perl libcmocka-dev python3"
 valgrind="valgrind"
+# make bench: load generator, the peers it compares with (srcache + memc
+# with memcached, lua-nginx-module with lua-resty-redis), the profilers
+bench="wrk memcached libnginx-mod-http-ndk libnginx-mod-http-srcache-filter
+       libnginx-mod-http-memc libnginx-mod-http-lua lua-nginx-redis valgrind
+       linux-perf"
 image="nginx libhiredis0.14 curl"   # the Docker image's runtime
 
 case ${1:-all} in
@@ -21,8 +26,9 @@ case ${1:-all} in
     run)          want="$build $run" ;;
     test)         want="$build $run $test" ;;
     valgrind|all) want="$build $run $test $valgrind" ;;
+    bench)        want="$build $run python3 $bench" ;;
     image)        want=$image ;;
-    *)            die "usage: $0 [build|run|test|valgrind|image|all]" ;;
+    *)            die "usage: $0 [build|run|test|valgrind|bench|image|all]" ;;
 esac
 
 # missing_of PACKAGE...: prints those not installed (one dpkg-query call).
@@ -47,8 +53,9 @@ fi
 echo "setup: installing$missing"
 export DEBIAN_FRONTEND=noninteractive
 
-# Package scripts start nginx (port 80) and redis-server (port 6379) unless
-# policy-rc.d says no. Docker images ship one; add ours when there is none.
+# Package scripts start nginx (port 80), redis-server (port 6379) and
+# memcached (port 11211) unless policy-rc.d says no. Docker images ship
+# one; add ours when there is none.
 policy=/usr/sbin/policy-rc.d
 if [ ! -e $policy ]; then
     printf '#!/bin/sh\n# added by scripts/setup.sh for its apt-get run\nexit 101\n' \
@@ -58,18 +65,19 @@ if [ ! -e $policy ]; then
     trap 'exit 130' INT
     trap 'exit 143' TERM
 fi
-before=" $(pids_named nginx redis-server | tr '\n' ' ') "
+before=" $(pids_named nginx redis-server memcached | tr '\n' ' ') "
 
 apt-get update
 apt-get install -y --no-install-recommends $missing
 
 # Whatever a package script still managed to start goes away again.
 new=
-for pid in $(pids_named nginx redis-server); do
+for pid in $(pids_named nginx redis-server memcached); do
     case $before in *" $pid "*) ;; *) new="$new $pid" ;; esac
 done
 if [ -n "$new" ] && [ -d /run/systemd/system ]; then
-    systemctl stop nginx.service redis-server.service || true
+    systemctl stop nginx.service redis-server.service memcached.service \
+        || true
 fi
 for pid in $new; do
     kill -0 "$pid" 2>/dev/null || continue
