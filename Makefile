@@ -10,8 +10,9 @@ UPSTREAM_PORT ?= 8081
 REDIS_PORT    ?= 6390
 TESTS         ?=
 PROVE_FLAGS   ?=
+FUZZ_SECONDS  ?= 60
 export NGINX_SRC NGINX_BIN CC_OPT LD_OPT PORT UPSTREAM_PORT REDIS_PORT \
-       TESTS PROVE_FLAGS
+       TESTS PROVE_FLAGS FUZZ_SECONDS
 
 MODULE := build/ngx_http_idempotency_module.so
 
@@ -24,6 +25,9 @@ endif
 ifneq ($(filter test,$(MAKECMDGOALS)),)
 SETUP_SET := test
 endif
+ifneq ($(filter test-asan,$(MAKECMDGOALS)),)
+SETUP_SET := asan
+endif
 ifneq ($(filter bench,$(MAKECMDGOALS)),)
 SETUP_SET := bench
 endif
@@ -33,7 +37,7 @@ endif
 
 .DEFAULT_GOAL := build
 .PHONY: build setup check-load check-example check-src \
-        run stop test test-valgrind lint clean help FORCE
+        run stop test test-valgrind test-asan fuzz lint clean help FORCE
 
 build: check-load
 
@@ -74,6 +78,14 @@ test: build check-example
 test-valgrind: build check-example
 	@scripts/test.sh --valgrind
 
+# builds its own ASan copy of the module in build/asan/ (make -C there)
+test-asan: setup
+	@scripts/test-asan.sh
+
+fuzz: build
+	@scripts/setup.sh fuzz
+	@scripts/fuzz.sh
+
 lint: build
 	@scripts/lint.sh
 
@@ -95,6 +107,10 @@ help:
 	@echo 'make stop           stop what make run started'
 	@echo 'make test           unit tests (t/unit) and prove t/*.t; TESTS=t/x.t for a subset'
 	@echo 'make test-valgrind  the same with nginx under valgrind memcheck'
+	@echo 'make test-asan      the same with the module built with AddressSanitizer'
+	@echo '                    (in build/asan/) and nginx under LD_PRELOAD=libasan'
+	@echo 'make fuzz           libFuzzer on the key, stored-record and claim-reply'
+	@echo '                    parsers, FUZZ_SECONDS (60) each; fails on a crash'
 	@echo 'make lint           cppcheck and clang-tidy over src/'
 	@echo 'make bench          throughput/latency vs nginx alone, proxy_pass, srcache'
 	@echo '                    and a Lua peer (~3 min; BENCH_ARGS=--quick: ~1.5 min)'

@@ -1,7 +1,8 @@
 #!/bin/sh
 # Install the Debian 12 packages needed to build, run and test the module.
 #
-#   scripts/setup.sh [build|run|test|valgrind|bench|image|all]  (default: all)
+#   scripts/setup.sh [build|run|test|valgrind|asan|fuzz|bench|image|all]
+#                                                          (default: all)
 #
 # A quick no-op when everything is installed. Otherwise, as root, runs
 # apt-get update + install non-interactively and makes sure the services
@@ -19,16 +20,21 @@ valgrind="valgrind"
 bench="wrk memcached libnginx-mod-http-ndk libnginx-mod-http-srcache-filter
        libnginx-mod-http-memc libnginx-mod-http-lua lua-nginx-redis valgrind
        linux-perf"
+asan="libasan8"                    # gcc 12's ASan runtime: make test-asan
+fuzz="clang libclang-rt-14-dev"    # clang 14 and its libFuzzer: make fuzz
 image="nginx libhiredis0.14 curl"   # the Docker image's runtime
 
 case ${1:-all} in
     build)        want=$build ;;
     run)          want="$build $run" ;;
     test)         want="$build $run $test" ;;
-    valgrind|all) want="$build $run $test $valgrind" ;;
+    valgrind)     want="$build $run $test $valgrind" ;;
+    asan)         want="$build $run $test $asan" ;;
+    fuzz)         want=$fuzz ;;
+    all)          want="$build $run $test $valgrind $asan $fuzz" ;;
     bench)        want="$build $run python3 $bench" ;;
     image)        want=$image ;;
-    *)            die "usage: $0 [build|run|test|valgrind|bench|image|all]" ;;
+    *)            die "usage: $0 [build|run|test|valgrind|asan|fuzz|bench|image|all]" ;;
 esac
 
 # missing_of PACKAGE...: prints those not installed (one dpkg-query call).

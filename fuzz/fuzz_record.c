@@ -1,0 +1,370 @@
+/*
+ * libFuzzer target: the stored-record decoder (src/ngx_http_idempotency_record.c).
+ * What Redis hands back is input too: a record truncated, edited with
+ * redis-cli or written by something else must give an error, never a crash
+ * or a read past its end (ASan + UBSan).
+ *
+ * One input is read three ways:
+ *
+ *   headers  the input is a record's "headers" field.  Reading it with
+ *            ngx_http_idempotency_record_next_header() until 0 or -1:
+ *            every header lies inside the input, has a non-empty name
+ *            without ':', CR, LF or NUL, a value without CR, LF or NUL, is
+ *            "name: value\r\n" exactly, and moves the position forward; -1
+ *            leaves the position where it was.  A list read to the end
+ *            (0) is canonical: writing its headers back with
+ *            ngx_http_idempotency_record_write_header() gives the same
+ *            bytes.  Cut anywhere, such a list reads the complete lines
+ *            before the cut and then ends (cut at a line end) or fails.
+ *
+ *   round trip  the first byte is a name length k; name = the next k
+ *            bytes, value = the rest, with ':' CR LF NUL in the name and
+ *            CR LF NUL in the value replaced (the writer's contract).  Two
+ *            such headers written with write_header() read back with
+ *            next_header() as the same names and values, then 0.
+ *
+ *   status   ngx_http_idempotency_record_status() on the input and on its
+ *            first three bytes agrees with a reference: exactly three
+ *            digits, 100 to 599.
+ *
+ * Every buffer handed to the decoder is a heap block of the exact size.
+ */
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ngx_http_idempotency_record.h"
+
+
+#define check(cond)                                                          \
+    do { if (!(cond)) { fuzz_fail(#cond, __LINE__); } } while (0)
+
+
+typedef ngx_http_idempotency_record_header_t  header_t;
+
+
+static void
+fuzz_fail(const char *what, int line)
+{
+    fprintf(stderr, "fuzz_record.c:%d: property violated: %s\n", line, what);
+    abort();
+}
+
+
+static size_t
+max_headers(size_t len)
+{
+    return len / 5 + 1;
+}
+
+
+static unsigned char *
+dup_exact(const unsigned char *p, size_t len)
+{
+    unsigned char  *d;
+
+    d = malloc(len ? len : 1);
+    check(d != NULL);
+
+    if (len) {
+        memcpy(d, p, len);
+    }
+
+    return d;
+}
+
+
+static int
+has_byte(const unsigned char *p, size_t len, const char *set, size_t n)
+{
+    size_t  i;
+
+    for (i = 0; i < len; i++) {
+        if (memchr(set, p[i], n) != NULL) {
+            return 1;
+        }
+    }
+
+    return 0;
+}
+
+
+/*
+ * Reads buf[0 .. len - 1] to the end or the first error, checking each
+ * step; returns the last next_header() result, fills hs[] and *nh.  A
+ * header takes 5 bytes at least ("N: \r\n"): hs[] has room for
+ * max_headers(len).
+ */
+
+static int
+read_all(const unsigned char *buf, size_t len, header_t *hs, size_t *nh)
+{
+    int                   rc;
+    size_t                k;
+    header_t              h;
+    const unsigned char  *pos, *old, *end;
+
+    pos = buf;
+    end = buf + len;
+    k = 0;
+
+    for ( ;; ) {
+        old = pos;
+        memset(&h, 0, sizeof(h));
+
+        rc = ngx_http_idempotency_record_next_header(&pos, end, &h);
+
+        check(rc == 1 || rc == 0 || rc == -1);
+
+        if (rc == 0) {
+            check(old == end && pos == end);
+            break;
+        }
+
+        if (rc == -1) {
+            check(pos == old && old < end);
+            break;
+        }
+
+        /* "name: value\r\n", all of it inside [old, end) */
+
+        check(h.name == old);
+        check(h.name_len >= 1);
+        check(h.value == h.name + h.name_len + 2);
+        check(h.value + h.value_len + 2 == pos);
+        check(pos > old && pos <= end);
+        check(h.name[h.name_len] == ':' && h.name[h.name_len + 1] == ' ');
+        check(h.value[h.value_len] == '\r' && h.value[h.value_len + 1] == '\n');
+        check(!has_byte(h.name, h.name_len, ":\r\n\0", 4));
+        check(!has_byte(h.value, h.value_len, "\r\n\0", 3));
+
+        check(k < max_headers(len));
+        hs[k++] = h;
+    }
+
+    *nh = k;
+
+    return rc;
+}
+
+
+static void
+fuzz_headers(const uint8_t *data, size_t size)
+{
+    int             rc, rc2;
+    size_t          nh, nh2, i, len, cut, cuts[2], lines;
+    header_t       *hs, *hs2;
+    unsigned char  *buf, *enc, *p;
+
+    hs = malloc(max_headers(size) * sizeof(header_t));
+    hs2 = malloc(max_headers(size) * sizeof(header_t));
+    check(hs != NULL && hs2 != NULL);
+
+    buf = dup_exact(data, size);
+
+    rc = read_all(buf, size, hs, &nh);
+
+    /* deterministic */
+
+    rc2 = read_all(buf, size, hs2, &nh2);
+    check(rc2 == rc && nh2 == nh);
+    check(memcmp(hs, hs2, nh * sizeof(header_t)) == 0);
+
+    if (rc != 0) {
+        goto done;
+    }
+
+    /* a list read to its end is canonical: written back, it is the same */
+
+    len = 0;
+    for (i = 0; i < nh; i++) {
+        len += ngx_http_idempotency_record_header_size(hs[i].name_len,
+                                                       hs[i].value_len);
+    }
+    check(len == size);
+
+    enc = malloc(len ? len : 1);
+    check(enc != NULL);
+
+    p = enc;
+    for (i = 0; i < nh; i++) {
+        p = ngx_http_idempotency_record_write_header(p, hs[i].name,
+                 hs[i].name_len, hs[i].value, hs[i].value_len);
+    }
+    check((size_t) (p - enc) == len);
+    check(len == 0 || memcmp(enc, buf, len) == 0);
+    free(enc);
+
+    /* cut short: the complete lines before the cut, then 0 or -1 */
+
+    cuts[0] = size ? size - 1 : 0;
+    cuts[1] = size / 2;
+
+    for (i = 0; i < 2; i++) {
+        cut = cuts[i];
+        if (cut == 0 || cut >= size) {
+            continue;
+        }
+
+        p = dup_exact(buf, cut);
+
+        /* lines of the full list that end at or before the cut */
+        for (lines = 0; lines < nh; lines++) {
+            if ((size_t) (hs[lines].value + hs[lines].value_len + 2 - buf)
+                > cut)
+            {
+                break;
+            }
+        }
+
+        rc2 = read_all(p, cut, hs2, &nh2);
+
+        check(nh2 == lines);
+
+        if (lines > 0
+            && (size_t) (hs[lines - 1].value + hs[lines - 1].value_len + 2
+                         - buf) == cut)
+        {
+            check(rc2 == 0);
+        } else {
+            check(rc2 == -1);
+        }
+
+        free(p);
+    }
+
+done:
+
+    free(buf);
+    free(hs2);
+    free(hs);
+}
+
+
+static void
+clean(unsigned char *p, size_t len, const char *bad, size_t n)
+{
+    size_t  i;
+
+    for (i = 0; i < len; i++) {
+        if (memchr(bad, p[i], n) != NULL) {
+            p[i] ^= 0x40;       /* ':' -> 'z', CR -> 'M', LF -> 'J', NUL -> '@' */
+        }
+    }
+}
+
+
+static void
+fuzz_round_trip(const uint8_t *data, size_t size)
+{
+    size_t          k, vlen, len, nh;
+    header_t       *hs;
+    unsigned char  *name, *value, *buf, *p;
+
+    if (size < 2) {
+        return;
+    }
+
+    k = data[0];
+    if (k == 0 || k > size - 1) {
+        k = size - 1;
+    }
+
+    name = dup_exact(data + 1, k);
+    vlen = size - 1 - k;
+    value = dup_exact(data + 1 + k, vlen);
+
+    clean(name, k, ":\r\n\0", 4);
+    clean(value, vlen, "\r\n\0", 3);
+
+    len = ngx_http_idempotency_record_header_size(k, vlen);
+    check(len == k + vlen + 4);
+
+    buf = malloc(2 * len);
+    check(buf != NULL);
+
+    p = ngx_http_idempotency_record_write_header(buf, name, k, value, vlen);
+    check((size_t) (p - buf) == len);
+
+    /* the value first, as a name, when it can be one */
+
+    if (vlen > 0 && memchr(value, ':', vlen) == NULL) {
+        p = ngx_http_idempotency_record_write_header(p, value, vlen, name, k);
+    } else {
+        p = ngx_http_idempotency_record_write_header(p, name, k, value, vlen);
+    }
+    check((size_t) (p - buf) == 2 * len);
+
+    hs = malloc(max_headers(2 * len) * sizeof(header_t));
+    check(hs != NULL);
+
+    check(read_all(buf, 2 * len, hs, &nh) == 0);
+    check(nh == 2);
+
+    check(hs[0].name_len == k && memcmp(hs[0].name, name, k) == 0);
+    check(hs[0].value_len == vlen
+          && (vlen == 0 || memcmp(hs[0].value, value, vlen) == 0));
+
+    if (vlen > 0 && memchr(value, ':', vlen) == NULL) {
+        check(hs[1].name_len == vlen && memcmp(hs[1].name, value, vlen) == 0);
+        check(hs[1].value_len == k && memcmp(hs[1].value, name, k) == 0);
+    } else {
+        check(hs[1].name_len == k && memcmp(hs[1].name, name, k) == 0);
+        check(hs[1].value_len == vlen
+              && (vlen == 0 || memcmp(hs[1].value, value, vlen) == 0));
+    }
+
+    free(hs);
+    free(buf);
+    free(value);
+    free(name);
+}
+
+
+static int
+status_ref(const unsigned char *p, size_t len)
+{
+    if (len != 3) {
+        return -1;
+    }
+
+    if (p[0] < '0' || p[0] > '9' || p[1] < '0' || p[1] > '9'
+        || p[2] < '0' || p[2] > '9')
+    {
+        return -1;
+    }
+
+    len = (p[0] - '0') * 100 + (p[1] - '0') * 10 + (p[2] - '0');
+
+    return (len >= 100 && len <= 599) ? (int) len : -1;
+}
+
+
+static void
+fuzz_status(const uint8_t *data, size_t size)
+{
+    size_t          n;
+    unsigned char  *p;
+
+    p = dup_exact(data, size);
+    check(ngx_http_idempotency_record_status(p, size) == status_ref(p, size));
+    free(p);
+
+    n = size < 3 ? size : 3;
+    p = dup_exact(data, n);
+    check(ngx_http_idempotency_record_status(p, n) == status_ref(p, n));
+    free(p);
+}
+
+
+int
+LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    fuzz_headers(data, size);
+    fuzz_round_trip(data, size);
+    fuzz_status(data, size);
+
+    return 0;
+}
