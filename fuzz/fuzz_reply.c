@@ -17,12 +17,13 @@
  *
  * Checked beyond "no crash, no over-read": the handler answers each reply
  * exactly once (a problem response, a replay or a pass to the content
- * phase); a replay sends only what the record held - a status of 100 to
- * 599, header names and values that lie inside the stored headers field
- * (so no CR, LF or NUL: no response splitting), the body byte for byte; a
- * record it refuses leaves nothing of itself in the response, whether it
- * answers with a problem (idempotency_on_store_error closed, even input
- * lengths) or passes the request on (open, odd lengths).
+ * phase, which alone starts the claim's renewal); a replay sends only what
+ * the record held - a status of 100 to 599, header names and values that
+ * lie inside the stored headers field (so no CR, LF or NUL: no response
+ * splitting), the body byte for byte; a record it refuses leaves nothing
+ * of itself in the response, whether it answers with a problem
+ * (idempotency_on_store_error closed, even input lengths) or passes the
+ * request on (open, odd lengths).
  */
 
 #include "../src/ngx_http_idempotency_handler.c"
