@@ -517,15 +517,11 @@ ngx_http_idempotency_claim_reply(ngx_http_request_t *r,
 
     ngx_memcpy(ctx->reply_kind.data, el[0]->str, el[0]->len);
 
-    if (ngx_strncmp(el[0]->str, "CONFLICT", el[0]->len) == 0) {
-        if (reply->elements > 1 && el[1]->type == REDIS_REPLY_INTEGER) {
-            ctx->reply_pttl = el[1]->integer > 0 ? el[1]->integer : 0;
-        }
+    /* only a HIT carries more to copy; decide() judges every kind */
 
-        return NGX_OK;
-    }
-
-    if (ngx_strncmp(el[0]->str, "HIT", el[0]->len) != 0) {
+    if (el[0]->len != sizeof("HIT") - 1
+        || ngx_strncmp(el[0]->str, "HIT", sizeof("HIT") - 1) != 0)
+    {
         return NGX_OK;
     }
 

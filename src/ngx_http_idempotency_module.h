@@ -108,7 +108,6 @@ typedef struct {
     ngx_int_t                            reply_status;
     ngx_str_t                            reply_headers;
     ngx_str_t                            reply_body;
-    ngx_msec_t                           reply_pttl;
 
     /* capture */
     ngx_uint_t                           status;
