@@ -31,13 +31,20 @@ endif
 ifneq ($(filter bench,$(MAKECMDGOALS)),)
 SETUP_SET := bench
 endif
+ifneq ($(filter deb test-deb,$(MAKECMDGOALS)),)
+SETUP_SET := deb
+endif
+ifneq ($(filter lint,$(MAKECMDGOALS)),)
+SETUP_SET := lint
+endif
 ifneq ($(filter test-valgrind setup,$(MAKECMDGOALS)),)
 SETUP_SET := all
 endif
 
 .DEFAULT_GOAL := build
 .PHONY: build setup check-load check-example check-src \
-        run stop test test-valgrind test-asan fuzz lint clean help FORCE
+        run stop test test-valgrind test-asan fuzz lint deb test-deb docs \
+        clean help FORCE
 
 build: check-load
 
@@ -89,6 +96,19 @@ fuzz: build
 lint: build
 	@scripts/lint.sh
 
+# the Debian package, built in build/deb/ (debian/, dh_nginx)
+deb: setup
+	@scripts/deb.sh
+
+# builds the package, installs it (as root), nginx -t, purges it again
+test-deb: setup
+	@prove t/pkg/
+
+# re-render docs/diagrams/*.svg from their .dot sources
+docs:
+	@scripts/setup.sh docs
+	@scripts/docs.sh
+
 # BENCH_ARGS: options of bench/bench.sh, e.g. make bench BENCH_ARGS=--quick
 .PHONY: bench
 bench: build
@@ -111,7 +131,11 @@ help:
 	@echo '                    (in build/asan/) and nginx under LD_PRELOAD=libasan'
 	@echo 'make fuzz           libFuzzer on the key, stored-record and claim-reply'
 	@echo '                    parsers, FUZZ_SECONDS (60) each; fails on a crash'
-	@echo 'make lint           cppcheck and clang-tidy over src/'
+	@echo 'make lint           style (80 columns, tabs, trailing space, //), cppcheck'
+	@echo '                    and clang-tidy over src/'
+	@echo 'make deb            build/deb/libnginx-mod-http-idempotency_VERSION_ARCH.deb'
+	@echo 'make test-deb       build the .deb, install it, nginx -t, purge it (root)'
+	@echo 'make docs           render docs/diagrams/*.dot to SVG (graphviz)'
 	@echo 'make bench          throughput/latency vs nginx alone, proxy_pass, srcache'
 	@echo '                    and a Lua peer (~3 min; BENCH_ARGS=--quick: ~1.5 min)'
 	@echo 'make check-example  nginx -t on the rendered examples/nginx.conf'

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Install the Debian 12 packages needed to build, run and test the module.
 #
-#   scripts/setup.sh [build|run|test|valgrind|asan|fuzz|bench|image|all]
+#   scripts/setup.sh [build|run|test|valgrind|asan|fuzz|lint|deb|docs|bench|image|all]
 #                                                          (default: all)
 #
 # A quick no-op when everything is installed. Otherwise, as root, runs
@@ -23,6 +23,10 @@ bench="wrk memcached libnginx-mod-http-ndk libnginx-mod-http-srcache-filter
 asan="libasan8"                    # gcc 12's ASan runtime: make test-asan
 fuzz="clang libclang-rt-14-dev"    # clang 14 and its libFuzzer: make fuzz
 image="nginx libhiredis0.14 curl"   # the Docker image's runtime
+lint="cppcheck clang-tidy"         # make lint
+# make deb: debhelper with nginx-dev's dh_nginx (in the build set)
+deb="debhelper dpkg-dev fakeroot"
+docs="graphviz"                    # make docs: docs/diagrams/*.dot -> .svg
 
 case ${1:-all} in
     build)        want=$build ;;
@@ -31,10 +35,13 @@ case ${1:-all} in
     valgrind)     want="$build $run $test $valgrind" ;;
     asan)         want="$build $run $test $asan" ;;
     fuzz)         want=$fuzz ;;
-    all)          want="$build $run $test $valgrind $asan $fuzz" ;;
+    lint)         want="$build $lint" ;;
+    deb)          want="$build $deb" ;;
+    docs)         want=$docs ;;
+    all)          want="$build $run $test $valgrind $asan $fuzz $lint $deb $docs" ;;
     bench)        want="$build $run python3 $bench" ;;
     image)        want=$image ;;
-    *)            die "usage: $0 [build|run|test|valgrind|asan|fuzz|bench|image|all]" ;;
+    *)            die "usage: $0 [build|run|test|valgrind|asan|fuzz|lint|deb|docs|bench|image|all]" ;;
 esac
 
 # missing_of PACKAGE...: prints those not installed (one dpkg-query call).

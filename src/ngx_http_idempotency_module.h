@@ -86,7 +86,7 @@ typedef struct {
 
 typedef struct {
     ngx_http_request_t                  *request;
-    ngx_http_idempotency_loc_conf_t     *conf;     /* of the claiming location */
+    ngx_http_idempotency_loc_conf_t     *conf;    /* of the claiming location */
     ngx_http_idempotency_state_e         state;
     ngx_http_idempotency_outcome_e       outcome;
 
