@@ -1,8 +1,9 @@
 #!/bin/sh
 # Install the Debian 12 packages needed to build, run and test the module.
 #
-#   scripts/setup.sh [build|run|test|valgrind|asan|fuzz|lint|deb|docs|bench|image|all]
-#                                                          (default: all)
+#   scripts/setup.sh [SET]         SET: build run test valgrind asan fuzz
+#                                       lint deb docs bench image [all]
+#   scripts/setup.sh --list SET    print the packages of SET, install nothing
 #
 # A quick no-op when everything is installed. Otherwise, as root, runs
 # apt-get update + install non-interactively and makes sure the services
@@ -28,6 +29,12 @@ lint="cppcheck clang-tidy"         # make lint
 deb="debhelper dpkg-dev fakeroot"
 docs="graphviz"                    # make docs: docs/diagrams/*.dot -> .svg
 
+list=
+if [ "${1:-}" = --list ]; then
+    list=yes
+    shift
+fi
+
 case ${1:-all} in
     build)        want=$build ;;
     run)          want="$build $run" ;;
@@ -43,6 +50,12 @@ case ${1:-all} in
     image)        want=$image ;;
     *)            die "usage: $0 [build|run|test|valgrind|asan|fuzz|lint|deb|docs|bench|image|all]" ;;
 esac
+
+if [ -n "$list" ]; then
+    # shellcheck disable=SC2086 # one word per package
+    printf '%s\n' $want
+    exit 0
+fi
 
 # missing_of PACKAGE...: prints those not installed (one dpkg-query call).
 missing_of() {
