@@ -14,7 +14,7 @@ set -eu
 build="gcc make libc6-dev dpkg-dev nginx nginx-dev libhiredis-dev libssl-dev
        libpcre2-dev zlib1g-dev"
 run="redis-server redis-tools curl"
-test="perl libtest-base-perl libcmocka-dev python3"
+test="perl libtest-base-perl libcmocka-dev python3 openssl"
 valgrind="valgrind"
 # make bench: load generator, the peers it compares with (srcache + memc
 # with memcached, lua-nginx-module with lua-resty-redis), the profilers
