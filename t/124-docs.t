@@ -1,6 +1,7 @@
 # The documentation is checked against the code and against nginx:
 # every directive of src/'s command tables has its entry in
-# docs/directives.md (Syntax / Default / Context), every nginx block in
+# docs/directives.md (Syntax / Default / Context), every error-log message
+# of src/ is in docs/troubleshooting.md, every nginx block in
 # README.md and docs/*.md passes `nginx -t` with the built module, every
 # relative link points at a file, and every diagram's SVG is what its .dot
 # source renders to.
@@ -42,6 +43,29 @@ for my $d (@directives) {
     like($entry // '', qr/^\| Syntax:\s*\|\s*`\Q$d\E[ ;].*^\| Default:.*^\| Context:/ms,
          "  with Syntax, Default and Context, as nginx.org writes them");
 }
+
+# -- error-log messages: each ngx_log_error() of src/ is listed in
+# docs/troubleshooting.md (its longest fixed text, prefixes and the
+# formatted values left out)
+my $trouble = slurp('docs/troubleshooting.md') =~ s/\s+/ /gr;
+my $messages = 0;
+for my $f (sort glob('src/*.c')) {
+    my $c = slurp($f);
+    while ($c =~ /ngx_log_error\(\s*NGX_LOG_\w+\s*,[^,]+,[^,]+,\s*
+                  ((?:"(?:[^"\\]|\\.)*"\s*)+)/gx)
+    {
+        my $fmt = join '', $1 =~ /"((?:[^"\\]|\\.)*)"/g;
+        $fmt =~ s/\\"/"/g;
+        $fmt =~ s/^idempotency(?: redis)?: //;
+        my ($text) = sort { length $b <=> length $a }
+            map { s/^[\s(),;:]+|[\s(),;:]+$//gr } split /%[*\w]+|"/, $fmt;
+        next if length($text // '') < 8;
+        $messages++;
+        ok(index($trouble, $text) >= 0,
+           "docs/troubleshooting.md lists \"$fmt\" ($f)");
+    }
+}
+ok($messages >= 20, "error-log messages found in src/ ($messages)");
 
 # -- nginx blocks
 my $tmp = tempdir(CLEANUP => 1);
