@@ -47,6 +47,8 @@ typedef struct {
     in_port_t                            port;
     ngx_str_t                            unix_path; /* NUL-ended, or empty */
     ngx_str_t                            sentinel_master;
+    ngx_str_t                            sentinel_user;
+    ngx_str_t                            sentinel_password;
     ngx_int_t                            db;       /* -1: no SELECT */
     ngx_str_t                            user;
     ngx_str_t                            password;
@@ -141,6 +143,14 @@ ngx_http_idempotency_redis_op_t *ngx_http_idempotency_redis_script_retry(
 
 /* the handler will not be called for this op; safe on any live op */
 void ngx_http_idempotency_redis_cancel(ngx_http_idempotency_redis_op_t *op);
+
+/*
+ * Wraps the socket of a new hiredis context in an nginx connection and
+ * hooks hiredis to its events (level-triggered); the caller sets ac->data
+ * and may replace the read handler.  NULL: no free worker connection.
+ */
+ngx_connection_t *ngx_http_idempotency_redis_attach(redisAsyncContext *ac,
+    ngx_log_t *log);
 
 /* this worker's counters for that Redis, or NULL without a connection */
 ngx_http_idempotency_redis_stats_t *ngx_http_idempotency_redis_stats(
