@@ -236,6 +236,7 @@ static ngx_http_idempotency_redis_transient_t
     { ngx_string("TRYAGAIN"), "Redis asked to try again" },
     { ngx_string("MASTERDOWN"), "Redis lost its master" },
     { ngx_string("CLUSTERDOWN"), "the Redis cluster is down" },
+    { ngx_string("NOREPLICAS"), "Redis has too few replicas to write" },
     { ngx_null_string, NULL }
 };
 
