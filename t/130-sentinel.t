@@ -1,6 +1,6 @@
 # Redis Sentinel: nginx finds the master through three sentinels, follows
-# a manual failover (SENTINEL FAILOVER) and a killed master (SIGKILL)
-# without a reload, and no key runs twice unless Redis itself lost its
+# a manual failover (SENTINEL FAILOVER) and a killed master (SIGKILL, with
+# the sentinel it listened to killed too) without a reload, and no key runs twice unless Redis itself lost its
 # record in the failover (the one allowed gap, see docs/deployment.md).
 #
 # A plain Test::More file: it starts its own topology (t/lib/RedisTopology:
@@ -130,6 +130,10 @@ for my $i (1 .. 10) {
 
 is(replicated($new), 1, 'keys before the kill are replicated (WAIT 1)');
 
+# the sentinel the workers asked and listened to goes away first
+my ($gone, $other) = @{ $topo->{sentinel_ports} };
+$topo->kill_server($gone);
+
 $topo->kill_server($new);
 
 # the killed master wrote nothing after the kill: any new key is nginx's
@@ -143,6 +147,8 @@ ok(record_on($master, "kill-$seen"), 'a new key is stored there');
 check_keys('after the killed master', $master, qr/^(?:before|prekill|kill)-/);
 
 my $log = slurp("$dir/nginx/logs/error.log");
+like($log, qr/\+switch-master from 127\.0\.0\.1:$other: .* moved to 127\.0\.0\.1:$master/,
+     'with its sentinel gone, a worker heard the event from the next one');
 unlike($log, qr/\[(?:alert|crit|emerg)\]/, 'no alert in the error log');
 ok(kill(0, $nginx_pid), 'the same nginx ran throughout (no reload)');
 
