@@ -13,8 +13,14 @@
 #include "ngx_http_idempotency_sentinel.h"
 
 
-/* a lost +switch-master subscription is made again after this, elsewhere */
+/* a lost subscription is made again after this */
 #define NGX_HTTP_IDEMPOTENCY_SENTINEL_RESUBSCRIBE  1000
+
+/*
+ * From the start of a failover (the replica is about to be promoted) until
+ * +switch-master, no command goes to the old master, for at most this long
+ */
+#define NGX_HTTP_IDEMPOTENCY_SENTINEL_HOLD         5000
 
 #define NGX_HTTP_IDEMPOTENCY_SENTINEL_HOST_LEN     NGX_SOCKADDR_STRLEN
 
@@ -39,6 +45,17 @@ typedef struct {
     ngx_str_t                              code;
     const char                            *text;
 } ngx_http_idempotency_sentinel_code_t;
+
+
+/* the events of one sentinel: every sentinel is listened to */
+typedef struct {
+    ngx_http_idempotency_sentinel_t       *sentinel;
+    ngx_uint_t                             index;
+    redisAsyncContext                     *ac;
+    ngx_event_t                            timer;
+    ngx_uint_t                             failures; /* in a row */
+    unsigned                               subscribed:1;
+} ngx_http_idempotency_sentinel_sub_t;
 
 
 struct ngx_http_idempotency_sentinel_s {
@@ -66,13 +83,13 @@ struct ngx_http_idempotency_sentinel_s {
                                     NGX_HTTP_IDEMPOTENCY_SENTINEL_HOST_LEN + 1];
     in_port_t                              used_port;
 
-    /* SUBSCRIBE +switch-master, kept open */
-    redisAsyncContext                     *sub;
-    ngx_uint_t                             sub_index;
-    ngx_event_t                            sub_timer;
+    /* SUBSCRIBE to every sentinel, kept open */
+    ngx_http_idempotency_sentinel_sub_t   *subs;
+    ngx_msec_t                             hold;     /* a failover started */
 
     unsigned                               in_call:1;
-    unsigned                               subscribed:1;
+    unsigned                               listening:1;
+    unsigned                               holding:1;
     unsigned                               exiting:1;
 };
 
@@ -98,22 +115,27 @@ static void ngx_http_idempotency_sentinel_close_query(
     ngx_http_idempotency_sentinel_t *s);
 
 static void ngx_http_idempotency_sentinel_subscribe(
-    ngx_http_idempotency_sentinel_t *s);
+    ngx_http_idempotency_sentinel_sub_t *sub);
 static void ngx_http_idempotency_sentinel_resubscribe(
-    ngx_http_idempotency_sentinel_t *s, const char *reason);
+    ngx_http_idempotency_sentinel_sub_t *sub, const char *reason);
 static void ngx_http_idempotency_sentinel_sub_reply(redisAsyncContext *ac,
     void *r, void *privdata);
-static void ngx_http_idempotency_sentinel_message(
-    ngx_http_idempotency_sentinel_t *s, redisReply *msg);
+static ngx_uint_t ngx_http_idempotency_sentinel_split(redisReply *msg,
+    char **word, size_t *len, ngx_uint_t n);
+static void ngx_http_idempotency_sentinel_switch(
+    ngx_http_idempotency_sentinel_sub_t *sub, redisReply *msg);
+static void ngx_http_idempotency_sentinel_promoting(
+    ngx_http_idempotency_sentinel_sub_t *sub, redisReply *msg);
 static void ngx_http_idempotency_sentinel_sub_handler(ngx_event_t *ev);
 static void ngx_http_idempotency_sentinel_close_sub(
-    ngx_http_idempotency_sentinel_t *s);
+    ngx_http_idempotency_sentinel_sub_t *sub);
 
 static redisAsyncContext *ngx_http_idempotency_sentinel_connect(
     ngx_http_idempotency_sentinel_t *s,
-    ngx_http_idempotency_sentinel_addr_t *addr,
-    redisCallbackFn *fn);
-static void ngx_http_idempotency_sentinel_read_handler(ngx_event_t *rev);
+    ngx_http_idempotency_sentinel_addr_t *addr, redisCallbackFn *fn,
+    void *data, ngx_event_handler_pt read);
+static void ngx_http_idempotency_sentinel_query_read(ngx_event_t *rev);
+static void ngx_http_idempotency_sentinel_sub_read(ngx_event_t *rev);
 
 
 /* privdata of the AUTH reply, to tell it from the answer */
@@ -136,9 +158,16 @@ ngx_http_idempotency_sentinel_create(ngx_pool_t *pool,
         return NULL;
     }
 
-    s->addrs = ngx_pcalloc(pool, rcf->addrs.nelts
-                                 * sizeof(ngx_http_idempotency_sentinel_addr_t));
+    s->addrs = ngx_pcalloc(pool,
+                   rcf->addrs.nelts
+                   * sizeof(ngx_http_idempotency_sentinel_addr_t));
     if (s->addrs == NULL) {
+        return NULL;
+    }
+
+    s->subs = ngx_pcalloc(pool, rcf->addrs.nelts
+                                * sizeof(ngx_http_idempotency_sentinel_sub_t));
+    if (s->subs == NULL) {
         return NULL;
     }
 
@@ -160,17 +189,19 @@ ngx_http_idempotency_sentinel_create(ngx_pool_t *pool,
                             NGX_HTTP_IDEMPOTENCY_SENTINEL_HOST_LEN, 0);
         sa->host[len] = '\0';
         sa->port = ngx_inet_get_port(addr[i].sockaddr);
+
+        s->subs[i].sentinel = s;
+        s->subs[i].index = i;
+        s->subs[i].timer.handler = ngx_http_idempotency_sentinel_sub_handler;
+        s->subs[i].timer.data = &s->subs[i];
+        s->subs[i].timer.log = log;
+        s->subs[i].timer.cancelable = 1;
     }
 
     s->timer.handler = ngx_http_idempotency_sentinel_timeout_handler;
     s->timer.data = s;
     s->timer.log = log;
     s->timer.cancelable = 1;
-
-    s->sub_timer.handler = ngx_http_idempotency_sentinel_sub_handler;
-    s->sub_timer.data = s;
-    s->sub_timer.log = log;
-    s->sub_timer.cancelable = 1;
 
     return s;
 }
@@ -180,6 +211,33 @@ ngx_int_t
 ngx_http_idempotency_sentinel_master(ngx_http_idempotency_sentinel_t *s,
     const char **host, in_port_t *port)
 {
+    ngx_uint_t  i;
+
+    /* the first connect of the worker starts listening to every sentinel */
+
+    if (!s->listening && !s->exiting) {
+        s->listening = 1;
+
+        for (i = 0; i < s->naddrs; i++) {
+            ngx_http_idempotency_sentinel_subscribe(&s->subs[i]);
+        }
+    }
+
+    if (s->holding && s->state != NGX_HTTP_IDEMPOTENCY_SENTINEL_FOUND) {
+
+        if ((ngx_msec_int_t) (s->hold - ngx_current_msec) > 0) {
+            return NGX_DECLINED;
+        }
+
+        s->holding = 0;
+
+        ngx_log_error(NGX_LOG_WARN, s->log, 0,
+                      "idempotency sentinel: no +switch-master for master "
+                      "\"%V\" %d ms after its failover started, asking the "
+                      "sentinels again", &s->conf->sentinel_master,
+                      NGX_HTTP_IDEMPOTENCY_SENTINEL_HOLD);
+    }
+
     switch (s->state) {
 
     case NGX_HTTP_IDEMPOTENCY_SENTINEL_ASKING:
@@ -187,6 +245,7 @@ ngx_http_idempotency_sentinel_master(ngx_http_idempotency_sentinel_t *s,
 
     case NGX_HTTP_IDEMPOTENCY_SENTINEL_FOUND:
         s->state = NGX_HTTP_IDEMPOTENCY_SENTINEL_NONE;
+        s->holding = 0;
 
         if (s->port != s->used_port
             || ngx_strcmp(s->host, s->used) != 0)
@@ -311,7 +370,8 @@ ngx_http_idempotency_sentinel_send(ngx_http_idempotency_sentinel_t *s)
                    "idempotency sentinel: asking %V", &addr->name);
 
     ac = ngx_http_idempotency_sentinel_connect(s, addr,
-                                     ngx_http_idempotency_sentinel_query_reply);
+                                 ngx_http_idempotency_sentinel_query_reply, s,
+                                 ngx_http_idempotency_sentinel_query_read);
     if (ac == NULL) {
         return NGX_ERROR;
     }
@@ -401,11 +461,6 @@ ngx_http_idempotency_sentinel_query_reply(redisAsyncContext *ac, void *r,
                    &s->addrs[s->asking].name, s->host, (int) s->port);
 
     s->last = s->asking;
-
-    if (s->sub == NULL && !s->sub_timer.timer_set) {
-        s->sub_index = s->asking;
-        ngx_http_idempotency_sentinel_subscribe(s);
-    }
 
     ngx_http_idempotency_sentinel_done(s, NGX_HTTP_IDEMPOTENCY_SENTINEL_FOUND);
 }
@@ -528,28 +583,36 @@ ngx_http_idempotency_sentinel_close_query(ngx_http_idempotency_sentinel_t *s)
 
 
 /*
- * The subscription: one connection per worker and master name, to the
- * sentinel that answered; lost, it is made again at the next sentinel.
+ * The events: a connection per sentinel, kept open, subscribed to
+ * +switch-master (every sentinel publishes it once it knows) and to
+ * +failover-state-send-slaveof-noone (only the sentinel that runs the
+ * failover does, just before it promotes the replica).
  */
 
 static void
-ngx_http_idempotency_sentinel_subscribe(ngx_http_idempotency_sentinel_t *s)
+ngx_http_idempotency_sentinel_subscribe(
+    ngx_http_idempotency_sentinel_sub_t *sub)
 {
-    size_t                                 argvlen[2];
-    const char                            *argv[2];
+    size_t                                 argvlen[3];
+    const char                            *argv[3];
     redisAsyncContext                     *ac;
+    ngx_http_idempotency_sentinel_t       *s;
     ngx_http_idempotency_sentinel_addr_t  *addr;
 
-    if (s->sub || s->exiting) {
+    s = sub->sentinel;
+
+    if (sub->ac || s->exiting) {
         return;
     }
 
-    addr = &s->addrs[s->sub_index];
+    addr = &s->addrs[sub->index];
 
     ac = ngx_http_idempotency_sentinel_connect(s, addr,
-                                       ngx_http_idempotency_sentinel_sub_reply);
+                                       ngx_http_idempotency_sentinel_sub_reply,
+                                       sub,
+                                       ngx_http_idempotency_sentinel_sub_read);
     if (ac == NULL) {
-        ngx_http_idempotency_sentinel_resubscribe(s, "cannot connect");
+        ngx_http_idempotency_sentinel_resubscribe(sub, "cannot connect");
         return;
     }
 
@@ -557,72 +620,84 @@ ngx_http_idempotency_sentinel_subscribe(ngx_http_idempotency_sentinel_t *s)
     argvlen[0] = sizeof("SUBSCRIBE") - 1;
     argv[1] = "+switch-master";
     argvlen[1] = sizeof("+switch-master") - 1;
+    argv[2] = "+failover-state-send-slaveof-noone";
+    argvlen[2] = sizeof("+failover-state-send-slaveof-noone") - 1;
 
     if (redisAsyncCommandArgv(ac, ngx_http_idempotency_sentinel_sub_reply,
-                              NULL, 2, argv, argvlen)
+                              NULL, 3, argv, argvlen)
         != REDIS_OK)
     {
         redisAsyncFree(ac);
-        ngx_http_idempotency_sentinel_resubscribe(s, "SUBSCRIBE refused");
+        ngx_http_idempotency_sentinel_resubscribe(sub, "SUBSCRIBE refused");
         return;
     }
 
-    s->sub = ac;
-    s->subscribed = 0;
+    sub->ac = ac;
+    sub->subscribed = 0;
 
-    if (s->sub_timer.timer_set) {
-        ngx_del_timer(&s->sub_timer);
+    if (sub->timer.timer_set) {
+        ngx_del_timer(&sub->timer);
     }
 
-    ngx_add_timer(&s->sub_timer,
-                  s->conf->connect_timeout + s->conf->timeout);
+    ngx_add_timer(&sub->timer, s->conf->connect_timeout + s->conf->timeout);
 }
 
 
+/*
+ * The first loss of a streak is logged; a sentinel that is down is tried
+ * again every second, quietly
+ */
+
 static void
-ngx_http_idempotency_sentinel_resubscribe(ngx_http_idempotency_sentinel_t *s,
-    const char *reason)
+ngx_http_idempotency_sentinel_resubscribe(
+    ngx_http_idempotency_sentinel_sub_t *sub, const char *reason)
 {
+    ngx_http_idempotency_sentinel_t  *s;
+
+    s = sub->sentinel;
+
     if (s->exiting) {
         return;
     }
 
-    ngx_log_error(NGX_LOG_INFO, s->log, 0,
-                  "idempotency sentinel: +switch-master events from %V "
-                  "stopped (%s), subscribing elsewhere in %d ms",
-                  &s->addrs[s->sub_index].name, reason,
-                  NGX_HTTP_IDEMPOTENCY_SENTINEL_RESUBSCRIBE);
-
-    s->sub_index = (s->sub_index + 1) % s->naddrs;
-
-    if (s->sub_timer.timer_set) {
-        ngx_del_timer(&s->sub_timer);
+    if (sub->failures++ == 0) {
+        ngx_log_error(NGX_LOG_INFO, s->log, 0,
+                      "idempotency sentinel: events from %V stopped (%s), "
+                      "subscribing again every %d ms",
+                      &s->addrs[sub->index].name, reason,
+                      NGX_HTTP_IDEMPOTENCY_SENTINEL_RESUBSCRIBE);
     }
 
-    ngx_add_timer(&s->sub_timer, NGX_HTTP_IDEMPOTENCY_SENTINEL_RESUBSCRIBE);
+    if (sub->timer.timer_set) {
+        ngx_del_timer(&sub->timer);
+    }
+
+    ngx_add_timer(&sub->timer, NGX_HTTP_IDEMPOTENCY_SENTINEL_RESUBSCRIBE);
 }
 
 
-/* the confirmation, every message, and NULL when the context goes away */
+/* the confirmations, every message, and NULL when the context goes away */
 
 static void
 ngx_http_idempotency_sentinel_sub_reply(redisAsyncContext *ac, void *r,
     void *privdata)
 {
-    redisReply                       *reply = r;
-    redisReply                      **el;
-    ngx_http_idempotency_sentinel_t  *s;
+    redisReply                           *reply = r;
+    redisReply                          **el;
+    ngx_http_idempotency_sentinel_t      *s;
+    ngx_http_idempotency_sentinel_sub_t  *sub;
 
-    s = ac->data;
+    sub = ac->data;
+    s = sub->sentinel;
 
-    if (s->sub != ac) {
+    if (sub->ac != ac) {
         return;
     }
 
     if (reply == NULL) {
-        s->sub = NULL;
-        s->subscribed = 0;
-        ngx_http_idempotency_sentinel_resubscribe(s, ac->err ? ac->errstr
+        sub->ac = NULL;
+        sub->subscribed = 0;
+        ngx_http_idempotency_sentinel_resubscribe(sub, ac->err ? ac->errstr
                                                   : "connection closed");
         return;
     }
@@ -632,10 +707,10 @@ ngx_http_idempotency_sentinel_sub_reply(redisAsyncContext *ac, void *r,
         if (reply->type == REDIS_REPLY_ERROR) {
             ngx_log_error(NGX_LOG_ERR, s->log, 0,
                           "idempotency sentinel: AUTH at %V failed: %s",
-                          &s->addrs[s->sub_index].name, reply->str);
+                          &s->addrs[sub->index].name, reply->str);
 
-            ngx_http_idempotency_sentinel_close_sub(s);
-            ngx_http_idempotency_sentinel_resubscribe(s, "AUTH failed");
+            ngx_http_idempotency_sentinel_close_sub(sub);
+            ngx_http_idempotency_sentinel_resubscribe(sub, "AUTH failed");
         }
 
         return;
@@ -644,7 +719,8 @@ ngx_http_idempotency_sentinel_sub_reply(redisAsyncContext *ac, void *r,
     el = reply->element;
 
     if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 3
-        || el[0]->type != REDIS_REPLY_STRING)
+        || el[0]->type != REDIS_REPLY_STRING
+        || el[1]->type != REDIS_REPLY_STRING)
     {
         return;
     }
@@ -652,58 +728,86 @@ ngx_http_idempotency_sentinel_sub_reply(redisAsyncContext *ac, void *r,
     if (el[0]->len == sizeof("subscribe") - 1
         && ngx_strncmp(el[0]->str, "subscribe", el[0]->len) == 0)
     {
-        s->subscribed = 1;
-
-        if (s->sub_timer.timer_set) {
-            ngx_del_timer(&s->sub_timer);
+        if (sub->timer.timer_set) {
+            ngx_del_timer(&sub->timer);
         }
 
-        ngx_log_debug1(NGX_LOG_DEBUG_HTTP, s->log, 0,
-                       "idempotency sentinel: subscribed at %V",
-                       &s->addrs[s->sub_index].name);
+        if (sub->failures) {
+            ngx_log_error(NGX_LOG_INFO, s->log, 0,
+                          "idempotency sentinel: events from %V again",
+                          &s->addrs[sub->index].name);
+        }
+
+        sub->subscribed = 1;
+        sub->failures = 0;
+
         return;
     }
 
-    if (el[0]->len == sizeof("message") - 1
-        && ngx_strncmp(el[0]->str, "message", el[0]->len) == 0
-        && el[2]->type == REDIS_REPLY_STRING)
+    if (el[0]->len != sizeof("message") - 1
+        || ngx_strncmp(el[0]->str, "message", el[0]->len) != 0
+        || el[2]->type != REDIS_REPLY_STRING)
     {
-        ngx_http_idempotency_sentinel_message(s, el[2]);
+        return;
+    }
+
+    if (el[1]->len == sizeof("+switch-master") - 1
+        && ngx_strncmp(el[1]->str, "+switch-master", el[1]->len) == 0)
+    {
+        ngx_http_idempotency_sentinel_switch(sub, el[2]);
+
+    } else {
+        ngx_http_idempotency_sentinel_promoting(sub, el[2]);
     }
 }
 
 
-/* "<name> <old ip> <old port> <new ip> <new port>" */
+/* the first n words of a message; how many there were, at most n */
 
-static void
-ngx_http_idempotency_sentinel_message(ngx_http_idempotency_sentinel_t *s,
-    redisReply *msg)
+static ngx_uint_t
+ngx_http_idempotency_sentinel_split(redisReply *msg, char **word,
+    size_t *len, ngx_uint_t n)
 {
-    char        *p, *last, *word[5];
-    size_t       len[5];
-    ngx_str_t   *name;
-    ngx_uint_t   n;
+    char        *p, *last;
+    ngx_uint_t   i;
 
     p = msg->str;
     last = msg->str + msg->len;
 
-    for (n = 0; n < 5 && p < last; n++) {
-        word[n] = p;
+    for (i = 0; i < n && p < last; i++) {
+        word[i] = p;
 
         while (p < last && *p != ' ') {
             p++;
         }
 
-        len[n] = p - word[n];
+        len[i] = p - word[i];
 
         if (p < last) {
             p++;
         }
     }
 
+    return i;
+}
+
+
+/* +switch-master "<name> <old ip> <old port> <new ip> <new port>" */
+
+static void
+ngx_http_idempotency_sentinel_switch(ngx_http_idempotency_sentinel_sub_t *sub,
+    redisReply *msg)
+{
+    char                             *word[5];
+    size_t                            len[5];
+    ngx_str_t                        *name;
+    ngx_http_idempotency_sentinel_t  *s;
+
+    s = sub->sentinel;
     name = &s->conf->sentinel_master;
 
-    if (n != 5 || len[0] != name->len
+    if (ngx_http_idempotency_sentinel_split(msg, word, len, 5) != 5
+        || len[0] != name->len
         || ngx_strncmp(word[0], name->data, name->len) != 0)
     {
         return;
@@ -719,6 +823,8 @@ ngx_http_idempotency_sentinel_message(ngx_http_idempotency_sentinel_t *s,
         return;
     }
 
+    /* every sentinel tells it: the first one counts */
+
     if (s->port == s->used_port && ngx_strcmp(s->host, s->used) == 0) {
         return;
     }
@@ -726,7 +832,7 @@ ngx_http_idempotency_sentinel_message(ngx_http_idempotency_sentinel_t *s,
     ngx_log_error(NGX_LOG_NOTICE, s->log, 0,
                   "idempotency sentinel: +switch-master from %V: master "
                   "\"%V\" moved to %s:%d",
-                  &s->addrs[s->sub_index].name, name, s->host, (int) s->port);
+                  &s->addrs[sub->index].name, name, s->host, (int) s->port);
 
     /* the event is the answer: a question still out is not needed */
 
@@ -738,36 +844,93 @@ ngx_http_idempotency_sentinel_message(ngx_http_idempotency_sentinel_t *s,
 }
 
 
+/*
+ * +failover-state-send-slaveof-noone "slave <ip:port> <ip> <port> @ <name>
+ * <master ip> <master port>": the replica is being promoted.  From now on
+ * the old master's writes would be lost with it: commands stop (and get
+ * idempotency_on_store_error) until +switch-master names the new master, or
+ * for at most HOLD if it never comes (a failover that was aborted).
+ */
+
+static void
+ngx_http_idempotency_sentinel_promoting(
+    ngx_http_idempotency_sentinel_sub_t *sub, redisReply *msg)
+{
+    char                             *word[8];
+    size_t                            len[8];
+    ngx_int_t                         port;
+    ngx_str_t                        *name;
+    ngx_http_idempotency_sentinel_t  *s;
+
+    s = sub->sentinel;
+    name = &s->conf->sentinel_master;
+
+    if (ngx_http_idempotency_sentinel_split(msg, word, len, 8) != 8
+        || len[5] != name->len
+        || ngx_strncmp(word[5], name->data, name->len) != 0)
+    {
+        return;
+    }
+
+    /* only a failover away from the master this worker uses */
+
+    port = ngx_atoi((u_char *) word[7], len[7]);
+
+    if (port != (ngx_int_t) s->used_port
+        || len[6] != ngx_strlen(s->used)
+        || ngx_strncmp(word[6], s->used, len[6]) != 0)
+    {
+        return;
+    }
+
+    ngx_log_error(NGX_LOG_NOTICE, s->log, 0,
+                  "idempotency sentinel: failover of master \"%V\" started "
+                  "at %V, promoting %*s: no commands until it ends",
+                  name, &s->addrs[sub->index].name, len[1], word[1]);
+
+    s->holding = 1;
+    s->hold = ngx_current_msec + NGX_HTTP_IDEMPOTENCY_SENTINEL_HOLD;
+
+    /* an answer or a question from before is about the old master */
+
+    ngx_http_idempotency_sentinel_close_query(s);
+    s->state = NGX_HTTP_IDEMPOTENCY_SENTINEL_NONE;
+
+    s->handler(s->data, NGX_HTTP_IDEMPOTENCY_SENTINEL_SWITCH);
+}
+
+
 /* no confirmation in time, or the time to subscribe again */
 
 static void
 ngx_http_idempotency_sentinel_sub_handler(ngx_event_t *ev)
 {
-    ngx_http_idempotency_sentinel_t  *s = ev->data;
+    ngx_http_idempotency_sentinel_sub_t  *sub = ev->data;
 
-    if (s->sub == NULL) {
-        ngx_http_idempotency_sentinel_subscribe(s);
+    if (sub->ac == NULL) {
+        ngx_http_idempotency_sentinel_subscribe(sub);
         return;
     }
 
-    if (!s->subscribed) {
-        ngx_http_idempotency_sentinel_close_sub(s);
-        ngx_http_idempotency_sentinel_resubscribe(s, "timed out");
+    if (!sub->subscribed) {
+        ngx_http_idempotency_sentinel_close_sub(sub);
+        ngx_http_idempotency_sentinel_resubscribe(sub, "timed out");
     }
 }
 
 
 static void
-ngx_http_idempotency_sentinel_close_sub(ngx_http_idempotency_sentinel_t *s)
+ngx_http_idempotency_sentinel_close_sub(
+    ngx_http_idempotency_sentinel_sub_t *sub)
 {
     redisAsyncContext  *ac;
 
-    ac = s->sub;
-    s->sub = NULL;
-    s->subscribed = 0;
+    ac = sub->ac;
+    sub->ac = NULL;
+    sub->subscribed = 0;
 
-    if (s->sub_timer.timer_set) {
-        ngx_del_timer(&s->sub_timer);
+    if (sub->timer.timer_set) {
+        ngx_del_timer(&sub->timer);
     }
 
     if (ac) {
@@ -781,7 +944,8 @@ ngx_http_idempotency_sentinel_close_sub(ngx_http_idempotency_sentinel_t *s)
 
 static redisAsyncContext *
 ngx_http_idempotency_sentinel_connect(ngx_http_idempotency_sentinel_t *s,
-    ngx_http_idempotency_sentinel_addr_t *addr, redisCallbackFn *fn)
+    ngx_http_idempotency_sentinel_addr_t *addr, redisCallbackFn *fn,
+    void *data, ngx_event_handler_pt read)
 {
     int                                 argc;
     size_t                              argvlen[3];
@@ -818,8 +982,8 @@ ngx_http_idempotency_sentinel_connect(ngx_http_idempotency_sentinel_t *s,
         return NULL;
     }
 
-    c->read->handler = ngx_http_idempotency_sentinel_read_handler;
-    ac->data = s;
+    c->read->handler = read;
+    ac->data = data;
 
     if (rcf->sentinel_password.len == 0) {
         return ac;
@@ -850,8 +1014,10 @@ ngx_http_idempotency_sentinel_connect(ngx_http_idempotency_sentinel_t *s,
 }
 
 
+/* on worker_shutdown_timeout nginx closes what is left: c->close */
+
 static void
-ngx_http_idempotency_sentinel_read_handler(ngx_event_t *rev)
+ngx_http_idempotency_sentinel_query_read(ngx_event_t *rev)
 {
     ngx_connection_t                 *c;
     redisAsyncContext                *ac;
@@ -862,15 +1028,38 @@ ngx_http_idempotency_sentinel_read_handler(ngx_event_t *rev)
     s = ac->data;
 
     if (c->close) {
-        /* worker_shutdown_timeout expired: nginx closes what is left */
-
         s->exiting = 1;
 
         if (s->ac == ac) {
             ngx_http_idempotency_sentinel_close_query(s);
 
-        } else if (s->sub == ac) {
-            ngx_http_idempotency_sentinel_close_sub(s);
+        } else {
+            redisAsyncFree(ac);
+        }
+
+        return;
+    }
+
+    redisAsyncHandleRead(ac);
+}
+
+
+static void
+ngx_http_idempotency_sentinel_sub_read(ngx_event_t *rev)
+{
+    ngx_connection_t                     *c;
+    redisAsyncContext                    *ac;
+    ngx_http_idempotency_sentinel_sub_t  *sub;
+
+    c = rev->data;
+    ac = c->data;
+    sub = ac->data;
+
+    if (c->close) {
+        sub->sentinel->exiting = 1;
+
+        if (sub->ac == ac) {
+            ngx_http_idempotency_sentinel_close_sub(sub);
 
         } else {
             redisAsyncFree(ac);
@@ -939,8 +1128,13 @@ ngx_http_idempotency_sentinel_demoted(redisReply *reply)
 void
 ngx_http_idempotency_sentinel_close(ngx_http_idempotency_sentinel_t *s)
 {
+    ngx_uint_t  i;
+
     s->exiting = 1;
 
     ngx_http_idempotency_sentinel_close_query(s);
-    ngx_http_idempotency_sentinel_close_sub(s);
+
+    for (i = 0; i < s->naddrs; i++) {
+        ngx_http_idempotency_sentinel_close_sub(&s->subs[i]);
+    }
 }
