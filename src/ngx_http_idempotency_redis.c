@@ -499,7 +499,8 @@ ngx_http_idempotency_redis_connect(ngx_http_idempotency_redis_node_t *node)
 
         if (rc != NGX_OK) {
             ngx_http_idempotency_redis_failure(node, "connect failed",
-                                            "no sentinel named the master");
+                           "no master from the sentinels (none answered, "
+                           "or a failover is running)");
             return;
         }
 
