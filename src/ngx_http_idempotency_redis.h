@@ -131,7 +131,8 @@ ngx_http_idempotency_redis_op_t *ngx_http_idempotency_redis_script(
  * up, with its handler called with NGX_HTTP_IDEMPOTENCY_REDIS_ERROR and
  * info->reason set, when "deadline" (an ngx_current_msec value) passes
  * while it is parked, when keeping it would exceed the worker's retry
- * buffer, or when the worker exits.  Other error replies and every reply go to the handler as usual.
+ * buffer, or when the worker exits.  Other error replies and every reply
+ * go to the handler as usual.
  * The handler is never called from inside this function, and is called at
  * worker exit too: it must not rely on a request (use data == NULL).
  * Returns NULL (and calls nothing) only when no op can be made at all: no
