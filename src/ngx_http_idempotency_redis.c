@@ -824,9 +824,10 @@ ngx_http_idempotency_redis_close(ngx_http_idempotency_redis_node_t *node)
 
 /*
  * The sentinels answered (the next connect() takes the answer), or the
- * master moved: a connection to the old one is closed, without counting a
- * failure.  Always through the reconnect timer, never from inside a
- * callback.
+ * master moved or is moving: a connection to the old one is closed, without
+ * counting a failure (this runs in a callback of a sentinel connection,
+ * never of this one).  The connect itself always comes from the reconnect
+ * timer.
  */
 
 static void
