@@ -17,6 +17,8 @@ static char *ngx_http_idempotency_enable(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static char *ngx_http_idempotency_redis(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
+static char *ngx_http_idempotency_redis_sentinel_check(ngx_conf_t *cf,
+    ngx_command_t *cmd, ngx_http_idempotency_redis_conf_t *rcf);
 static char *ngx_http_idempotency_redis_address(ngx_conf_t *cf,
     ngx_command_t *cmd, ngx_http_idempotency_redis_conf_t *rcf,
     ngx_str_t *value);
@@ -561,6 +563,14 @@ ngx_http_idempotency_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         return NGX_CONF_ERROR;
     }
 
+    /* known before the addresses are parsed: sentinels default to 26379 */
+
+    for (i = 1; i < cf->args->nelts; i++) {
+        if (ngx_strncmp(value[i].data, "sentinel=", 9) == 0) {
+            rcf->mode = NGX_HTTP_IDEMPOTENCY_REDIS_SENTINEL;
+        }
+    }
+
     for (i = 1; i < cf->args->nelts; i++) {
 
         if (ngx_strlchr(value[i].data, value[i].data + value[i].len, '=')
@@ -593,13 +603,17 @@ ngx_http_idempotency_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         return NGX_CONF_ERROR;
     }
 
-    if (rcf->mode != NGX_HTTP_IDEMPOTENCY_REDIS_SINGLE) {
+    if (rcf->mode == NGX_HTTP_IDEMPOTENCY_REDIS_CLUSTER) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "\"%V\" directive: Redis %s is not supported "
-                           "by this version of the module yet",
-                           &cmd->name,
-                           rcf->mode == NGX_HTTP_IDEMPOTENCY_REDIS_CLUSTER
-                           ? "Cluster" : "Sentinel");
+                           "\"%V\" directive: Redis Cluster is not "
+                           "supported by this version of the module yet",
+                           &cmd->name);
+        return NGX_CONF_ERROR;
+    }
+
+    if (ngx_http_idempotency_redis_sentinel_check(cf, cmd, rcf)
+        != NGX_CONF_OK)
+    {
         return NGX_CONF_ERROR;
     }
 
@@ -622,6 +636,53 @@ ngx_http_idempotency_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 }
 
 
+/* sentinel= is checked here; its options are refused without it */
+
+static char *
+ngx_http_idempotency_redis_sentinel_check(ngx_conf_t *cf, ngx_command_t *cmd,
+    ngx_http_idempotency_redis_conf_t *rcf)
+{
+    ngx_uint_t   i;
+    ngx_addr_t  *addr;
+
+    if (rcf->mode != NGX_HTTP_IDEMPOTENCY_REDIS_SENTINEL) {
+
+        if (rcf->sentinel_password.len || rcf->sentinel_user.len) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "\"%V\" directive: \"sentinel_user=\" and "
+                               "\"sentinel_password=\" need \"sentinel=\"",
+                               &cmd->name);
+            return NGX_CONF_ERROR;
+        }
+
+        return NGX_CONF_OK;
+    }
+
+    addr = rcf->addrs.elts;
+
+    for (i = 0; i < rcf->addrs.nelts; i++) {
+#if (NGX_HAVE_UNIX_DOMAIN)
+        if (addr[i].sockaddr->sa_family == AF_UNIX) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "\"%V\" directive: sentinel \"%V\" must be "
+                               "a host:port, not a unix socket",
+                               &cmd->name, &addr[i].name);
+            return NGX_CONF_ERROR;
+        }
+#endif
+    }
+
+    if (rcf->sentinel_user.len && rcf->sentinel_password.len == 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"%V\" directive: \"sentinel_user=\" needs "
+                           "\"sentinel_password=\"", &cmd->name);
+        return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
 static char *
 ngx_http_idempotency_redis_address(ngx_conf_t *cf, ngx_command_t *cmd,
     ngx_http_idempotency_redis_conf_t *rcf, ngx_str_t *value)
@@ -633,7 +694,8 @@ ngx_http_idempotency_redis_address(ngx_conf_t *cf, ngx_command_t *cmd,
     ngx_memzero(&u, sizeof(ngx_url_t));
 
     u.url = *value;
-    u.default_port = 6379;
+    u.default_port = (rcf->mode == NGX_HTTP_IDEMPOTENCY_REDIS_SENTINEL)
+                     ? 26379 : 6379;
 
     /* a host name is resolved here, never in a worker */
 
@@ -703,6 +765,14 @@ ngx_http_idempotency_redis_option(ngx_conf_t *cf, ngx_command_t *cmd,
     ngx_msec_t  ms;
 
     if (ngx_strcmp(value->data, "cluster") == 0) {
+
+        if (rcf->mode == NGX_HTTP_IDEMPOTENCY_REDIS_SENTINEL) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "\"cluster\" and \"sentinel=\" cannot be "
+                               "combined in \"%V\" directive", &cmd->name);
+            return NGX_CONF_ERROR;
+        }
+
         rcf->mode = NGX_HTTP_IDEMPOTENCY_REDIS_CLUSTER;
         return NGX_CONF_OK;
     }
@@ -757,6 +827,28 @@ ngx_http_idempotency_redis_option(ngx_conf_t *cf, ngx_command_t *cmd,
         }
 
         rcf->mode = NGX_HTTP_IDEMPOTENCY_REDIS_SENTINEL;
+        return NGX_CONF_OK;
+    }
+
+    if (ngx_strncmp(value->data, "sentinel_user=", 14) == 0) {
+        rcf->sentinel_user.data = value->data + 14;
+        rcf->sentinel_user.len = value->len - 14;
+
+        if (rcf->sentinel_user.len == 0) {
+            goto invalid;
+        }
+
+        return NGX_CONF_OK;
+    }
+
+    if (ngx_strncmp(value->data, "sentinel_password=", 18) == 0) {
+        rcf->sentinel_password.data = value->data + 18;
+        rcf->sentinel_password.len = value->len - 18;
+
+        if (rcf->sentinel_password.len == 0) {
+            goto invalid;
+        }
+
         return NGX_CONF_OK;
     }
 

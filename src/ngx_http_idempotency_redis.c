@@ -11,6 +11,7 @@
 #include <openssl/sha.h>
 
 #include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_sentinel.h"
 #include "ngx_http_idempotency_scripts.h"
 
 
@@ -82,6 +83,8 @@ struct ngx_http_idempotency_redis_node_s {
 
     ngx_event_t                          connect_timer;
     ngx_event_t                          reconnect_timer;
+
+    ngx_http_idempotency_sentinel_t     *sentinel; /* sentinel= only */
 
     ngx_queue_t                          parked;   /* ops waiting to resend */
     ngx_queue_t                          doomed;   /* given up, handler due */
@@ -163,6 +166,8 @@ static void ngx_http_idempotency_redis_close(
     ngx_http_idempotency_redis_node_t *node);
 
 static void ngx_http_idempotency_redis_reconnect_handler(ngx_event_t *ev);
+static void ngx_http_idempotency_redis_sentinel_handler(void *data,
+    ngx_uint_t event);
 static void ngx_http_idempotency_redis_connect_timeout_handler(
     ngx_event_t *ev);
 static void ngx_http_idempotency_redis_op_timeout_handler(ngx_event_t *ev);
@@ -174,6 +179,8 @@ static void ngx_http_idempotency_redis_on_disconnect(
 static void ngx_http_idempotency_redis_setup_reply(redisAsyncContext *ac,
     void *r, void *privdata);
 static void ngx_http_idempotency_redis_load_reply(redisAsyncContext *ac,
+    void *r, void *privdata);
+static void ngx_http_idempotency_redis_role_reply(redisAsyncContext *ac,
     void *r, void *privdata);
 static void ngx_http_idempotency_redis_handshake_step(
     ngx_http_idempotency_redis_node_t *node);
@@ -229,6 +236,7 @@ static ngx_http_idempotency_redis_transient_t
     { ngx_string("TRYAGAIN"), "Redis asked to try again" },
     { ngx_string("MASTERDOWN"), "Redis lost its master" },
     { ngx_string("CLUSTERDOWN"), "the Redis cluster is down" },
+    { ngx_string("NOREPLICAS"), "Redis has too few replicas to write" },
     { ngx_null_string, NULL }
 };
 
@@ -333,7 +341,18 @@ ngx_http_idempotency_redis_init_node(ngx_cycle_t *cycle,
      * argument of the directive, the password included
      */
 
-    if (rcf->addrs.nelts) {
+    if (rcf->mode == NGX_HTTP_IDEMPOTENCY_REDIS_SENTINEL) {
+        node->name = rcf->sentinel_master;
+
+        node->sentinel = ngx_http_idempotency_sentinel_create(cycle->pool,
+                                 rcf, node->log,
+                                 ngx_http_idempotency_redis_sentinel_handler,
+                                 node);
+        if (node->sentinel == NULL) {
+            return NGX_ERROR;
+        }
+
+    } else if (rcf->addrs.nelts) {
         addr = rcf->addrs.elts;
         node->name = addr[0].name;
 
@@ -431,6 +450,10 @@ ngx_http_idempotency_redis_exit_process(ngx_cycle_t *cycle)
 
         ngx_http_idempotency_redis_close(node);
 
+        if (node->sentinel) {
+            ngx_http_idempotency_sentinel_close(node->sentinel);
+        }
+
         while (!ngx_queue_empty(&node->parked)) {
             q = ngx_queue_head(&node->parked);
             op = ngx_queue_data(q, ngx_http_idempotency_redis_op_t, queue);
@@ -451,6 +474,9 @@ ngx_http_idempotency_redis_exit_process(ngx_cycle_t *cycle)
 static void
 ngx_http_idempotency_redis_connect(ngx_http_idempotency_redis_node_t *node)
 {
+    in_port_t                           port;
+    ngx_int_t                           rc;
+    const char                         *host;
     ngx_connection_t                   *c;
     redisAsyncContext                  *ac;
     ngx_http_idempotency_redis_conf_t  *rcf;
@@ -462,7 +488,25 @@ ngx_http_idempotency_redis_connect(ngx_http_idempotency_redis_node_t *node)
 
     /* host is an IP literal: hiredis never resolves a name here */
 
-    if (rcf->unix_path.len) {
+    if (node->sentinel) {
+        /* every connect asks the sentinels first: any loss may be a move */
+
+        rc = ngx_http_idempotency_sentinel_master(node->sentinel, &host,
+                                                  &port);
+        if (rc == NGX_AGAIN) {
+            return;
+        }
+
+        if (rc != NGX_OK) {
+            ngx_http_idempotency_redis_failure(node, "connect failed",
+                           "no master from the sentinels (none answered, "
+                           "or a failover is running)");
+            return;
+        }
+
+        ac = redisAsyncConnect(host, port);
+
+    } else if (rcf->unix_path.len) {
         ac = redisAsyncConnectUnix((const char *) rcf->unix_path.data);
 
     } else {
@@ -483,7 +527,7 @@ ngx_http_idempotency_redis_connect(ngx_http_idempotency_redis_node_t *node)
         return;
     }
 
-    c = ngx_get_connection(ac->c.fd, node->log);
+    c = ngx_http_idempotency_redis_attach(ac, node->log);
     if (c == NULL) {
         ngx_http_idempotency_redis_failure(node, "connect failed",
                                            "no free worker connection");
@@ -491,23 +535,7 @@ ngx_http_idempotency_redis_connect(ngx_http_idempotency_redis_node_t *node)
         return;
     }
 
-    c->data = ac;
-    c->read->handler = ngx_http_idempotency_redis_read_handler;
-    c->write->handler = ngx_http_idempotency_redis_write_handler;
-    c->read->log = node->log;
-    c->write->log = node->log;
-    c->number = ngx_atomic_fetch_add(ngx_connection_counter, 1);
-
     ac->data = node;
-
-    /* hooks first: setting the connect callback already asks for write */
-
-    ac->ev.data = c;
-    ac->ev.addRead = ngx_http_idempotency_redis_add_read;
-    ac->ev.delRead = ngx_http_idempotency_redis_del_read;
-    ac->ev.addWrite = ngx_http_idempotency_redis_add_write;
-    ac->ev.delWrite = ngx_http_idempotency_redis_del_write;
-    ac->ev.cleanup = ngx_http_idempotency_redis_cleanup;
 
     node->ac = ac;
     node->state = NGX_HTTP_IDEMPOTENCY_REDIS_CONNECTING;
@@ -585,6 +613,22 @@ ngx_http_idempotency_redis_handshake(ngx_http_idempotency_redis_node_t *node)
 
         if (redisAsyncCommandArgv(ac, ngx_http_idempotency_redis_setup_reply,
                                   "SELECT failed", 2, argv, argvlen)
+            != REDIS_OK)
+        {
+            return NGX_ERROR;
+        }
+
+        node->handshake++;
+    }
+
+    /* what the sentinels named must be the master now, not a replica */
+
+    if (node->sentinel) {
+        argv[0] = "ROLE";
+        argvlen[0] = sizeof("ROLE") - 1;
+
+        if (redisAsyncCommandArgv(ac, ngx_http_idempotency_redis_role_reply,
+                                  NULL, 1, argv, argvlen)
             != REDIS_OK)
         {
             return NGX_ERROR;
@@ -778,6 +822,39 @@ ngx_http_idempotency_redis_close(ngx_http_idempotency_redis_node_t *node)
 }
 
 
+/*
+ * The sentinels answered (the next connect() takes the answer), or the
+ * master moved or is moving: a connection to the old one is closed, without
+ * counting a failure (this runs in a callback of a sentinel connection,
+ * never of this one).  The connect itself always comes from the reconnect
+ * timer.
+ */
+
+static void
+ngx_http_idempotency_redis_sentinel_handler(void *data, ngx_uint_t event)
+{
+    ngx_http_idempotency_redis_node_t  *node = data;
+
+    if (node->exiting) {
+        return;
+    }
+
+    if (event == NGX_HTTP_IDEMPOTENCY_SENTINEL_SWITCH && node->ac) {
+        ngx_http_idempotency_redis_close(node);
+    }
+
+    if (node->ac) {
+        return;
+    }
+
+    if (node->reconnect_timer.timer_set) {
+        ngx_del_timer(&node->reconnect_timer);
+    }
+
+    ngx_add_timer(&node->reconnect_timer, 0);
+}
+
+
 static void
 ngx_http_idempotency_redis_reconnect_handler(ngx_event_t *ev)
 {
@@ -930,6 +1007,38 @@ ngx_http_idempotency_redis_load_reply(redisAsyncContext *ac, void *r,
         ngx_log_debug2(NGX_LOG_DEBUG_HTTP, node->log, 0,
                        "idempotency redis: \"%V\" %s script loaded",
                        &node->name, s->name);
+    }
+
+    ngx_http_idempotency_redis_handshake_step(node);
+}
+
+
+/* ROLE, sentinel= only: a replica is left, the sentinels asked again */
+
+static void
+ngx_http_idempotency_redis_role_reply(redisAsyncContext *ac, void *r,
+    void *privdata)
+{
+    redisReply                         *reply = r;
+    const char                         *error;
+    ngx_http_idempotency_redis_node_t  *node;
+
+    node = ac->data;
+
+    if (reply == NULL) {
+        ngx_http_idempotency_redis_lost(node, ac, "connection lost");
+        return;
+    }
+
+    if (node->ac != ac) {
+        return;
+    }
+
+    error = ngx_http_idempotency_sentinel_role(reply);
+
+    if (error) {
+        ngx_http_idempotency_redis_drop(node, "handshake failed", error);
+        return;
     }
 
     ngx_http_idempotency_redis_handshake_step(node);
@@ -1406,6 +1515,27 @@ ngx_http_idempotency_redis_op_reply(redisAsyncContext *ac, void *r,
         return;
     }
 
+    /*
+     * Behind sentinels, a server that stopped being the master: the
+     * connection is dropped (the next one asks the sentinels), and a
+     * retryable op waits for it
+     */
+
+    if (op->node->sentinel && reply->type == REDIS_REPLY_ERROR) {
+        error = ngx_http_idempotency_sentinel_demoted(reply);
+
+        if (error) {
+            ngx_http_idempotency_redis_drop(op->node, "command failed",
+                                            error);
+
+            if (op->retry && op->handler) {
+                ngx_http_idempotency_redis_op_detach(op);
+                ngx_http_idempotency_redis_retry_or_give_up(op, error, 0);
+                return;
+            }
+        }
+    }
+
     if (op->retry && op->handler && reply->type == REDIS_REPLY_ERROR) {
         error = ngx_http_idempotency_redis_transient(reply);
 
@@ -1796,6 +1926,36 @@ ngx_http_idempotency_redis_bulk(u_char *p, ngx_str_t *s)
 }
 
 
+ngx_connection_t *
+ngx_http_idempotency_redis_attach(redisAsyncContext *ac, ngx_log_t *log)
+{
+    ngx_connection_t  *c;
+
+    c = ngx_get_connection(ac->c.fd, log);
+    if (c == NULL) {
+        return NULL;
+    }
+
+    c->data = ac;
+    c->read->handler = ngx_http_idempotency_redis_read_handler;
+    c->write->handler = ngx_http_idempotency_redis_write_handler;
+    c->read->log = log;
+    c->write->log = log;
+    c->number = ngx_atomic_fetch_add(ngx_connection_counter, 1);
+
+    /* hooks first: setting the connect callback already asks for write */
+
+    ac->ev.data = c;
+    ac->ev.addRead = ngx_http_idempotency_redis_add_read;
+    ac->ev.delRead = ngx_http_idempotency_redis_del_read;
+    ac->ev.addWrite = ngx_http_idempotency_redis_add_write;
+    ac->ev.delWrite = ngx_http_idempotency_redis_del_write;
+    ac->ev.cleanup = ngx_http_idempotency_redis_cleanup;
+
+    return c;
+}
+
+
 /* hiredis event hooks: privdata is ac->ev.data, the nginx connection */
 
 static void
@@ -1894,10 +2054,8 @@ ngx_http_idempotency_redis_cleanup(void *privdata)
 
     ac = c->data;
 
-    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, c->log, 0,
-                   "idempotency redis: \"%V\" close fd:%d",
-                   &((ngx_http_idempotency_redis_node_t *) ac->data)->name,
-                   c->fd);
+    ngx_log_debug1(NGX_LOG_DEBUG_HTTP, c->log, 0,
+                   "idempotency redis: close fd:%d", c->fd);
 
     ngx_close_connection(c);
 

@@ -47,6 +47,8 @@ typedef struct {
     in_port_t                            port;
     ngx_str_t                            unix_path; /* NUL-ended, or empty */
     ngx_str_t                            sentinel_master;
+    ngx_str_t                            sentinel_user;
+    ngx_str_t                            sentinel_password;
     ngx_int_t                            db;       /* -1: no SELECT */
     ngx_str_t                            user;
     ngx_str_t                            password;
@@ -123,12 +125,14 @@ ngx_http_idempotency_redis_op_t *ngx_http_idempotency_redis_script(
  * twice).  When the connection is lost or a reply does not come in time, or
  * when there is no connection at the call, the op is kept in the worker
  * ("parked") and sent again, in order, once the connection is ready again;
- * a transient error reply (LOADING, BUSY, TRYAGAIN, MASTERDOWN, CLUSTERDOWN)
- * sends it again after a back-off.  It is given up, with its handler called
- * with NGX_HTTP_IDEMPOTENCY_REDIS_ERROR and info->reason set, when
- * "deadline" (an ngx_current_msec value) passes while it is parked, when
- * keeping it would exceed the worker's retry buffer, or when the worker
- * exits.  Other error replies and every reply go to the handler as usual.
+ * a transient error reply (LOADING, BUSY, TRYAGAIN, MASTERDOWN, CLUSTERDOWN,
+ * NOREPLICAS) sends it again after a back-off; behind sentinels, READONLY,
+ * LOADING and MASTERDOWN keep it for the next master instead.  It is given
+ * up, with its handler called with NGX_HTTP_IDEMPOTENCY_REDIS_ERROR and
+ * info->reason set, when "deadline" (an ngx_current_msec value) passes
+ * while it is parked, when keeping it would exceed the worker's retry
+ * buffer, or when the worker exits.  Other error replies and every reply
+ * go to the handler as usual.
  * The handler is never called from inside this function, and is called at
  * worker exit too: it must not rely on a request (use data == NULL).
  * Returns NULL (and calls nothing) only when no op can be made at all: no
@@ -141,6 +145,14 @@ ngx_http_idempotency_redis_op_t *ngx_http_idempotency_redis_script_retry(
 
 /* the handler will not be called for this op; safe on any live op */
 void ngx_http_idempotency_redis_cancel(ngx_http_idempotency_redis_op_t *op);
+
+/*
+ * Wraps the socket of a new hiredis context in an nginx connection and
+ * hooks hiredis to its events (level-triggered); the caller sets ac->data
+ * and may replace the read handler.  NULL: no free worker connection.
+ */
+ngx_connection_t *ngx_http_idempotency_redis_attach(redisAsyncContext *ac,
+    ngx_log_t *log);
 
 /* this worker's counters for that Redis, or NULL without a connection */
 ngx_http_idempotency_redis_stats_t *ngx_http_idempotency_redis_stats(

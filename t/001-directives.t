@@ -361,3 +361,87 @@ in "idempotency_problem_type" directive
 --- error_log
 [emerg]
 "Date" in "idempotency_pass_header" directive: only a header hidden by default (Set-Cookie) can be passed; this one is never replayed
+
+
+
+=== TEST 26: the Sentinel form: sentinels (port 26379 by default), a master name, options
+--- config
+    location = /t {
+        idempotency on;
+        idempotency_redis 127.0.0.1:26379 127.0.0.1:26380 127.0.0.1
+                          sentinel=mymaster db=1 password=secret user=app
+                          sentinel_password=s3cret sentinel_user=watcher
+                          timeout=200ms connect_timeout=100ms prefix=t001:;
+        return 200 "ok\n";
+    }
+    location = /one {
+        idempotency on;
+        idempotency_redis 127.0.0.1:26379 sentinel=other;
+        return 200 "ok\n";
+    }
+--- request
+GET /t
+--- response_body
+ok
+--- no_error_log
+[emerg]
+
+
+
+=== TEST 27: a sentinel cannot be a unix socket
+--- config
+    location = /t {
+        idempotency_redis 127.0.0.1:26379 unix:/tmp/s.sock sentinel=mymaster;
+    }
+--- must_die
+--- error_log
+[emerg]
+"idempotency_redis" directive: sentinel "unix:/tmp/s.sock" must be a host:port, not a unix socket
+
+
+
+=== TEST 28: the master name cannot be empty
+--- config
+    location = /t {
+        idempotency_redis 127.0.0.1:26379 sentinel=;
+    }
+--- must_die
+--- error_log
+[emerg]
+invalid option value "sentinel=" in "idempotency_redis" directive
+
+
+
+=== TEST 29: sentinel= and cluster do not mix
+--- config
+    location = /t {
+        idempotency_redis 127.0.0.1:26379 cluster sentinel=mymaster;
+    }
+--- must_die
+--- error_log
+[emerg]
+"cluster" and "sentinel=" cannot be combined in "idempotency_redis" directive
+
+
+
+=== TEST 30: sentinel_password= needs sentinel=
+--- config
+    location = /t {
+        idempotency_redis 127.0.0.1:6379 sentinel_password=x;
+    }
+--- must_die
+--- error_log
+[emerg]
+"idempotency_redis" directive: "sentinel_user=" and "sentinel_password=" need "sentinel="
+
+
+
+=== TEST 31: sentinel_user= needs sentinel_password=
+--- config
+    location = /t {
+        idempotency_redis 127.0.0.1:26379 sentinel=m sentinel_user=w;
+    }
+--- must_die
+--- error_log
+[emerg]
+"idempotency_redis" directive: "sentinel_user=" needs "sentinel_password="
