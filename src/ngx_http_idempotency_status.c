@@ -193,7 +193,7 @@ ngx_http_idempotency_status_handler(ngx_http_request_t *r)
            + (NGX_HTTP_IDEMPOTENCY_LATENCY_N + 3) * (128 + NGX_ATOMIC_T_LEN);
 
     for (i = 0; i < NGX_HTTP_IDEMPOTENCY_STAT_N; i++) {
-        size += 2 * ngx_http_idempotency_metrics[i].family.len
+        size += 3 * ngx_http_idempotency_metrics[i].family.len
                 + ngx_http_idempotency_metrics[i].label.len
                 + ngx_http_idempotency_metrics[i].group.len
                 + ngx_http_idempotency_metrics[i].field.len
