@@ -96,6 +96,51 @@ our $Config = q{
     }
 };
 
+# Redis failures: a small command timeout, so that a paused Redis is
+# noticed quickly; a claim renewed every 200 ms; a claim that outlives the
+# slow upstream (about 2 s) by 1 s.
+our $Timeout = 300 * $Slow;
+$ENV{TEST_NGINX_LOCK_SHORT} = (600 * $Slow) . 'ms';
+$ENV{TEST_NGINX_LOCK_LONG} = (3000 * $Slow) . 'ms';
+
+our $FailHttpConfig = qq{
+    idempotency_redis 127.0.0.1:$ENV{TEST_NGINX_REDIS_PORT}
+                      prefix=$ENV{TEST_NGINX_PREFIX}
+                      timeout=${Timeout}ms connect_timeout=${Timeout}ms;
+};
+
+our $FailConfig = q{
+    location = /status {
+        idempotency_status;
+    }
+
+    location = /t {
+        idempotency on;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
+    }
+
+    location = /fence {
+        idempotency on;
+        idempotency_lock_ttl $TEST_NGINX_LOCK_SHORT;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/slow-backend;
+    }
+
+    location = /park {
+        idempotency on;
+        idempotency_lock_ttl $TEST_NGINX_LOCK_LONG;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/slow-backend;
+    }
+
+    location = /backend {
+        return 201 "created\n";
+    }
+
+    location = /slow-backend {
+        limit_rate $TEST_NGINX_RATE;
+        return 201 "slow done\n";
+    }
+};
+
 # One request on its own connection, read to the end: (status, head, body).
 sub http {
     my ($method, $uri, $headers, $body) = @_;
@@ -518,7 +563,7 @@ GET /status
 
 
 === TEST 15: the counters go on across a reload
---- skip_eval: 2: $ENV{TEST_NGINX_USE_VALGRIND}
+--- skip_eval: 3: $ENV{TEST_NGINX_USE_VALGRIND}
 --- init
 my $before = main::status_json()->{requests}{BYPASS};
 open my $fh, '<', "$ENV{TEST_NGINX_SERVER_ROOT}/logs/nginx.pid" or die $!;
@@ -602,7 +647,98 @@ Idempotency-Key: back-19
 
 
 
-=== TEST 20: misuse: idempotency_status takes no arguments
+=== TEST 20: Redis paused under a claim: a timeout, the connection replaced, ERROR
+--- skip_eval: 6: !$ENV{TEST_NGINX_REDIS_CTL}
+--- http_config eval: $::FailHttpConfig
+--- config eval: $::FailConfig
+--- init
+main::redis_cli('CLIENT', 'PAUSE', int(1500 * $main::Slow), 'ALL');
+Test::More::is(main::post('/t', 'pause-20'), 503, 'refused');
+select(undef, undef, undef, 2.5 * $main::Slow);
+my $s = main::status_json();
+Test::More::is($s->{requests}{ERROR}, 1, 'ERROR');
+Test::More::cmp_ok($s->{redis}{timeouts}, '>=', 1, 'a command timed out');
+Test::More::cmp_ok($s->{redis}{connection_errors}, '>=', 1,
+                   'the connection was dropped');
+--- request
+GET /status
+--- error_code: 200
+--- error_log eval
+qr/\[error\] .*idempotency: Redis timed out, request refused with 503, key_hash=${\ main::key_hash('pause-20')}/
+
+
+
+=== TEST 21: scripts flushed in Redis: the NOSCRIPT error replies are counted, the request is served
+--- skip_eval: 7: !$ENV{TEST_NGINX_REDIS_CTL}
+--- http_config eval: $::FailHttpConfig
+--- config eval: $::FailConfig
+--- init
+main::redis_cli('SCRIPT', 'FLUSH');
+Test::More::is(main::post('/t', 'flush-21'), 201, 'served');
+select(undef, undef, undef, 0.2 * $main::Slow);
+my $s = main::status_json();
+Test::More::is($s->{requests}{MISS}, 1, 'MISS');
+Test::More::is($s->{responses}{stored}, 1, 'stored');
+Test::More::cmp_ok($s->{redis}{error_replies}, '>=', 1, 'NOSCRIPT counted');
+Test::More::is($s->{redis}{replies}, $s->{redis}{commands},
+               'every command (the EVAL resends too) has its reply');
+Test::More::is($s->{store_failures}{redis_error}, 0, 'no store failed');
+--- request
+GET /status
+--- error_code: 200
+
+
+
+=== TEST 22: a claim removed while its request runs: the renewal and the store find it gone
+# as after an eviction, or a Redis without persistence restarting
+--- skip_eval: 6: !$ENV{TEST_NGINX_REDIS_CTL}
+--- http_config eval: $::FailHttpConfig
+--- config eval: $::FailConfig
+--- init
+use Digest::SHA ();
+main::first_request('/fence', 'fence-22');
+main::redis_cli('DEL', $ENV{TEST_NGINX_PREFIX} . Digest::SHA::sha256_hex('')
+                       . ':fence-22');
+select(undef, undef, undef, 2.5 * $main::Slow);
+my $s = main::status_json();
+Test::More::is($s->{responses}{stored}, 1, 'the store was sent');
+Test::More::is($s->{store_failures}{claim_lost}, 1, 'and refused: fenced');
+Test::More::cmp_ok($s->{claims}{lost}, '>=', 1,
+                   'a renewal found the claim gone');
+--- request
+GET /status
+--- error_code: 200
+--- error_log eval
+[qr/\[warn\] .*idempotency: the claim on key_hash=${\ main::key_hash('fence-22')} was lost while its request was running/,
+ qr/\[warn\] .*idempotency: the claim on key_hash=${\ main::key_hash('fence-22')} was lost \(/]
+
+
+
+=== TEST 23: Redis killed as a response completes: the store is parked, then given up at the claim's end
+--- skip_eval: 7: !$ENV{TEST_NGINX_REDIS_CTL}
+--- http_config eval: $::FailHttpConfig
+--- config eval: $::FailConfig
+--- init
+main::first_request('/park', 'park-23');
+main::redis_ctl('kill');
+select(undef, undef, undef, 4 * $main::Slow);
+main::redis_ctl('start');
+select(undef, undef, undef, 1.5 * $main::Slow);
+my $s = main::status_json();
+Test::More::is($s->{responses}{stored}, 1, 'the store was sent');
+Test::More::is($s->{redis}{parked}, 1, 'kept for a retry');
+Test::More::is($s->{redis}{given_up}, 1, 'given up');
+Test::More::is($s->{store_failures}{given_up}, 1, 'the response is lost');
+Test::More::cmp_ok($s->{redis}{reconnects}, '>=', 1, 'reconnected');
+--- request
+GET /status
+--- error_code: 200
+--- error_log eval
+qr/\[error\] .*idempotency: gave up storing the response for key_hash=${\ main::key_hash('park-23')} \(its deadline passed/
+
+
+
+=== TEST 24: misuse: idempotency_status takes no arguments
 --- config
     location = /status {
         idempotency_status on;
@@ -613,7 +749,7 @@ invalid number of arguments in "idempotency_status" directive
 
 
 
-=== TEST 21: misuse: idempotency_status only in a location
+=== TEST 25: misuse: idempotency_status only in a location
 --- config
     idempotency_status;
 --- must_die
@@ -622,7 +758,7 @@ invalid number of arguments in "idempotency_status" directive
 
 
 
-=== TEST 22: misuse: idempotency_status twice
+=== TEST 26: misuse: idempotency_status twice
 --- config
     location = /status {
         idempotency_status;
