@@ -101,7 +101,7 @@ static ngx_http_idempotency_metric_t  ngx_http_idempotency_metrics[] = {
         "reason=\"given_up\"", "release_failures", "given_up", ""),
 
     ngx_http_idempotency_metric("claims_lost_total", "", "claims", "lost",
-        "Claims found gone in Redis while their request was running."),
+        "Renewals that found their claim gone while its request ran."),
 
     ngx_http_idempotency_metric("redis_commands_total", "", "redis",
         "commands", "Commands (module scripts) sent to Redis."),
