@@ -648,10 +648,12 @@ Idempotency-Key: back-19
 
 
 === TEST 20: Redis paused under a claim: a timeout, the connection replaced, ERROR
---- skip_eval: 6: !$ENV{TEST_NGINX_REDIS_CTL}
+--- skip_eval: 7: !$ENV{TEST_NGINX_REDIS_CTL}
 --- http_config eval: $::FailHttpConfig
 --- config eval: $::FailConfig
 --- init
+# a request first: the connection is ready, its handshake is over
+Test::More::is(main::post('/t', 'warm-20'), 201, 'Redis is there');
 main::redis_cli('CLIENT', 'PAUSE', int(1500 * $main::Slow), 'ALL');
 Test::More::is(main::post('/t', 'pause-20'), 503, 'refused');
 select(undef, undef, undef, 2.5 * $main::Slow);
@@ -669,16 +671,19 @@ qr/\[error\] .*idempotency: Redis timed out, request refused with 503, key_hash=
 
 
 === TEST 21: scripts flushed in Redis: the NOSCRIPT error replies are counted, the request is served
---- skip_eval: 7: !$ENV{TEST_NGINX_REDIS_CTL}
+--- skip_eval: 8: !$ENV{TEST_NGINX_REDIS_CTL}
 --- http_config eval: $::FailHttpConfig
 --- config eval: $::FailConfig
 --- init
+# a request first: the scripts were loaded before they are flushed
+Test::More::is(main::post('/t', 'warm-21'), 201, 'Redis is there');
+select(undef, undef, undef, 0.2 * $main::Slow);
 main::redis_cli('SCRIPT', 'FLUSH');
 Test::More::is(main::post('/t', 'flush-21'), 201, 'served');
 select(undef, undef, undef, 0.2 * $main::Slow);
 my $s = main::status_json();
-Test::More::is($s->{requests}{MISS}, 1, 'MISS');
-Test::More::is($s->{responses}{stored}, 1, 'stored');
+Test::More::is($s->{requests}{MISS}, 2, 'MISS');
+Test::More::is($s->{responses}{stored}, 2, 'stored');
 Test::More::cmp_ok($s->{redis}{error_replies}, '>=', 1, 'NOSCRIPT counted');
 Test::More::is($s->{redis}{replies}, $s->{redis}{commands},
                'every command (the EVAL resends too) has its reply');
