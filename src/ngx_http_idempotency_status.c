@@ -119,7 +119,8 @@ static ngx_http_idempotency_metric_t  ngx_http_idempotency_metrics[] = {
     ngx_http_idempotency_metric("redis_parked_total", "", "redis",
         "parked", "Stores and releases kept in a worker for a retry."),
     ngx_http_idempotency_metric("redis_given_up_total", "", "redis",
-        "given_up", "Stores and releases given up after being kept.")
+        "given_up", "Stores and releases given up: deadline passed, retry "
+        "buffer full, or the worker exiting.")
 };
 
 
