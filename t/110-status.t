@@ -513,6 +513,9 @@ Test::More::is_deeply(\@le, [qw(0.0005 0.001 0.0025 0.005 0.01 0.025 0.05 0.1
 my ($count) = map { $_->[2] } grep { $_->[0] =~ /_count$/ } @{ $h->{samples} // [] };
 Test::More::cmp_ok($count, '>', 0, 'round trips were measured');
 Test::More::is($count, $json->{redis}{replies}, 'one per reply, as in JSON');
+my $doc = do { local (@ARGV, $/) = 'docs/observability.md'; <> };
+Test::More::is_deeply([ grep { index($doc, "`$_") < 0 } sort keys %$fam ], [],
+                      'every metric is in docs/observability.md');
 --- request
 GET /status?format=prometheus
 --- error_code: 200
