@@ -657,6 +657,9 @@ Idempotency-Key: back-19
 --- init
 # a request first: the connection is ready, its handshake is over
 Test::More::is(main::post('/t', 'warm-20'), 201, 'Redis is there');
+# and its store is done: a store queued behind the pause would time out
+# first and take the claim down with its connection ("failed")
+select(undef, undef, undef, 0.5 * $main::Slow);
 main::redis_cli('CLIENT', 'PAUSE', int(1500 * $main::Slow), 'ALL');
 Test::More::is(main::post('/t', 'pause-20'), 503, 'refused');
 select(undef, undef, undef, 2.5 * $main::Slow);
