@@ -5,6 +5,7 @@
 
 #include "ngx_http_idempotency_module.h"
 #include "ngx_http_idempotency_record.h"
+#include "ngx_http_idempotency_stats.h"
 
 
 static ngx_int_t ngx_http_idempotency_header_filter(ngx_http_request_t *r);
@@ -71,6 +72,9 @@ ngx_http_idempotency_header_filter(ngx_http_request_t *r)
                        ctx->status, r->error_page ? " (error_page)" : "");
 
         ctx->release = 1;
+        ngx_http_idempotency_stat_inc(r->error_page
+                                      ? NGX_HTTP_IDEMPOTENCY_STAT_ERROR_PAGE
+                                      : NGX_HTTP_IDEMPOTENCY_STAT_NOT_STORABLE);
         return ngx_http_next_header_filter(r);
     }
 
@@ -301,9 +305,9 @@ ngx_http_idempotency_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
         && r->upstream->conf->ignore_client_abort)
     {
         ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
-                      "idempotency: client of \"%V\" went away, the rest "
-                      "of the response is read for the record only",
-                      &ctx->rkey);
+                      "idempotency: client of key_hash=%s went away, the "
+                      "rest of the response is read for the record only",
+                      ngx_http_idempotency_key_hash(&ctx->rkey));
 
         ctx->client_gone = 1;
         ngx_http_idempotency_swallow(in);
@@ -349,8 +353,9 @@ ngx_http_idempotency_capture(ngx_http_request_t *r,
 
     if (!ngx_buf_in_memory(b)) {
         ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
-                      "idempotency: response of \"%V\" is not in memory, "
-                      "stored as not replayable", &ctx->rkey);
+                      "idempotency: response of key_hash=%s is not in "
+                      "memory, stored as not replayable",
+                      ngx_http_idempotency_key_hash(&ctx->rkey));
         ctx->capture = 0;
         ctx->oversize = 1;
         return NGX_OK;
@@ -364,10 +369,11 @@ ngx_http_idempotency_capture(ngx_http_request_t *r,
 
     if (ctx->body_len + len > ctx->conf->max_response_size) {
         ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
-                      "idempotency: response of \"%V\" is larger than "
+                      "idempotency: response of key_hash=%s is larger than "
                       "idempotency_max_response_size %uz, "
                       "stored as not replayable",
-                      &ctx->rkey, ctx->conf->max_response_size);
+                      ngx_http_idempotency_key_hash(&ctx->rkey),
+                      ctx->conf->max_response_size);
         ctx->capture = 0;
         ctx->oversize = 1;
         return NGX_OK;
@@ -444,9 +450,11 @@ ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx)
 
     if (!ctx->release && !ctx->complete) {
         ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
-                      "idempotency: response of \"%V\" did not complete, "
-                      "the claim is kept until idempotency_lock_ttl ends",
-                      &ctx->rkey);
+                      "idempotency: response of key_hash=%s did not "
+                      "complete, the claim is kept until "
+                      "idempotency_lock_ttl ends",
+                      ngx_http_idempotency_key_hash(&ctx->rkey));
+        ngx_http_idempotency_stat_inc(NGX_HTTP_IDEMPOTENCY_STAT_INCOMPLETE);
         return;
     }
 
@@ -460,6 +468,9 @@ ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx)
     } else {
         script = NGX_HTTP_IDEMPOTENCY_SCRIPT_STORE;
         nargs = 6;
+        ngx_http_idempotency_stat_inc(ctx->oversize
+                                      ? NGX_HTTP_IDEMPOTENCY_STAT_TOO_LARGE
+                                      : NGX_HTTP_IDEMPOTENCY_STAT_STORED);
 
         if (ctx->oversize) {
             ngx_str_set(&args[1], "oversize");
@@ -492,10 +503,14 @@ ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx)
     if (op == NULL) {
         ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
                       "idempotency: cannot send or keep the %s of "
-                      "\"%V\" (no memory, or the worker is exiting), the "
-                      "claim stays until idempotency_lock_ttl ends",
+                      "key_hash=%s (no memory, or the worker is exiting), "
+                      "the claim stays until idempotency_lock_ttl ends",
                       script == NGX_HTTP_IDEMPOTENCY_SCRIPT_RELEASE
-                      ? "release" : "store", &ctx->rkey);
+                      ? "release" : "store",
+                      ngx_http_idempotency_key_hash(&ctx->rkey));
+        ngx_http_idempotency_stat_inc(ctx->release
+                                ? NGX_HTTP_IDEMPOTENCY_STAT_RELEASE_GIVEN_UP
+                                : NGX_HTTP_IDEMPOTENCY_STAT_STORE_GIVEN_UP);
     }
 }
 
@@ -521,54 +536,68 @@ ngx_http_idempotency_settle_handler(void *data, redisReply *reply,
 
         /* given up by the adapter: retried until the lock TTL, or not */
 
+        ngx_http_idempotency_stat_inc(release
+                                ? NGX_HTTP_IDEMPOTENCY_STAT_RELEASE_GIVEN_UP
+                                : NGX_HTTP_IDEMPOTENCY_STAT_STORE_GIVEN_UP);
+
         if (release) {
-            ngx_log_error(NGX_LOG_ERR, ngx_cycle->log, 0,
-                          "idempotency: gave up %s \"%V\" (%s; attempts: "
-                          "%ui, last error: %s): a retry gets 409 until "
-                          "idempotency_lock_ttl ends, then runs",
-                          what, &info->key,
+            ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0,
+                          "idempotency: gave up %s key_hash=%s (%s; "
+                          "attempts: %ui, last error: %s): a retry gets 409 "
+                          "until idempotency_lock_ttl ends, then runs",
+                          what, ngx_http_idempotency_key_hash(&info->key),
                           info->reason ? info->reason : "failed",
                           info->attempts, info->error ? info->error : "none");
 
         } else {
             ngx_log_error(NGX_LOG_ERR, ngx_cycle->log, 0,
-                          "idempotency: gave up %s \"%V\" (%s; attempts: "
-                          "%ui, last error: %s): the response is lost; once "
-                          "idempotency_lock_ttl ends, a retry runs the "
-                          "operation again",
-                          what, &info->key,
+                          "idempotency: gave up %s key_hash=%s (%s; "
+                          "attempts: %ui, last error: %s): the response is "
+                          "lost; once idempotency_lock_ttl ends, a retry "
+                          "runs the operation again",
+                          what, ngx_http_idempotency_key_hash(&info->key),
                           info->reason ? info->reason : "failed",
                           info->attempts, info->error ? info->error : "none");
         }
 
     } else if (reply->type == REDIS_REPLY_ERROR) {
         ngx_log_error(NGX_LOG_ERR, ngx_cycle->log, 0,
-                      "idempotency: Redis error while settling \"%V\": %*s",
-                      &info->key, (size_t) reply->len, reply->str);
+                      "idempotency: Redis error while settling key_hash=%s: "
+                      "%*s", ngx_http_idempotency_key_hash(&info->key),
+                      (size_t) reply->len, reply->str);
+        ngx_http_idempotency_stat_inc(release
+                               ? NGX_HTTP_IDEMPOTENCY_STAT_RELEASE_REDIS_ERROR
+                               : NGX_HTTP_IDEMPOTENCY_STAT_STORE_REDIS_ERROR);
 
     } else if (reply->type == REDIS_REPLY_INTEGER && reply->integer == 0) {
 
         if (release) {
             /* e.g. a resent RELEASE whose first copy did run */
             ngx_log_error(NGX_LOG_INFO, ngx_cycle->log, 0,
-                          "idempotency: the claim on \"%V\" was gone when "
-                          "it was released", &info->key);
+                          "idempotency: the claim on key_hash=%s was gone "
+                          "when it was released",
+                          ngx_http_idempotency_key_hash(&info->key));
 
         } else {
             ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0,
-                          "idempotency: the claim on \"%V\" was lost (%s), "
-                          "the response was not stored", &info->key,
+                          "idempotency: the claim on key_hash=%s was lost "
+                          "(%s), the response was not stored",
+                          ngx_http_idempotency_key_hash(&info->key),
                           info->parked
                           ? "Redis was away: it restarted without "
                             "persistence, or idempotency_lock_ttl ended"
                           : "its idempotency_lock_ttl ended before the "
                             "response");
+            ngx_http_idempotency_stat_inc(
+                                NGX_HTTP_IDEMPOTENCY_STAT_STORE_CLAIM_LOST);
         }
 
     } else if (info->parked) {
         ngx_log_error(NGX_LOG_NOTICE, ngx_cycle->log, 0,
-                      "idempotency: %s \"%V\" succeeded after a retry "
-                      "(attempts: %ui)", what, &info->key, info->attempts);
+                      "idempotency: %s key_hash=%s succeeded after a retry "
+                      "(attempts: %ui)", what,
+                      ngx_http_idempotency_key_hash(&info->key),
+                      info->attempts);
     }
 }
 
@@ -642,8 +671,10 @@ ngx_http_idempotency_renew_done(void *data, redisReply *reply, ngx_uint_t rc)
         && reply->type == REDIS_REPLY_INTEGER && reply->integer == 0)
     {
         ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0,
-                      "idempotency: the claim on \"%V\" was lost while its "
-                      "request was running (expired or removed in Redis); "
-                      "a retry may run the operation again", key);
+                      "idempotency: the claim on key_hash=%s was lost while "
+                      "its request was running (expired or removed in "
+                      "Redis); a retry may run the operation again",
+                      ngx_http_idempotency_key_hash(key));
+        ngx_http_idempotency_stat_inc(NGX_HTTP_IDEMPOTENCY_STAT_CLAIM_LOST);
     }
 }

@@ -10,6 +10,7 @@
 #include "ngx_http_idempotency_module.h"
 #include "ngx_http_idempotency_key.h"
 #include "ngx_http_idempotency_record.h"
+#include "ngx_http_idempotency_stats.h"
 
 
 #define NGX_HTTP_IDEMPOTENCY_WAIT_STEP_MIN  20
@@ -496,8 +497,9 @@ ngx_http_idempotency_claim_reply(ngx_http_request_t *r,
 
     if (reply->type == REDIS_REPLY_ERROR) {
         ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                      "idempotency: Redis claim failed: %*s",
-                      (size_t) reply->len, reply->str);
+                      "idempotency: Redis claim failed: %*s, key_hash=%s",
+                      (size_t) reply->len, reply->str,
+                      ngx_http_idempotency_key_hash(&ctx->rkey));
         return NGX_ERROR;
     }
 
@@ -562,8 +564,8 @@ ngx_http_idempotency_claim_reply(ngx_http_request_t *r,
 invalid:
 
     ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                  "idempotency: unexpected reply to the claim of \"%V\"",
-                  &ctx->rkey);
+                  "idempotency: unexpected reply to the claim of key_hash=%s",
+                  ngx_http_idempotency_key_hash(&ctx->rkey));
 
     return NGX_ERROR;
 }
@@ -633,7 +635,8 @@ ngx_http_idempotency_decide(ngx_http_request_t *r,
     }
 
     ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                  "idempotency: unexpected claim result \"%V\"", kind);
+                  "idempotency: unexpected claim result \"%V\", key_hash=%s",
+                  kind, ngx_http_idempotency_key_hash(&ctx->rkey));
 
     ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_DECIDED;
 
@@ -725,18 +728,22 @@ ngx_http_idempotency_redis_failed(ngx_http_request_t *r,
     if (ctx->conf->on_store_error == NGX_HTTP_IDEMPOTENCY_STORE_ERROR_OPEN) {
         ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
                       "idempotency: Redis %s, request passed through "
-                      "unprotected (idempotency_on_store_error open)",
+                      "unprotected (idempotency_on_store_error open), "
+                      "key_hash=%s",
                       ctx->redis_rc == NGX_HTTP_IDEMPOTENCY_REDIS_TIMEOUT
-                      ? "timed out" : "failed");
+                      ? "timed out" : "failed",
+                      ngx_http_idempotency_key_hash(&ctx->rkey));
 
         ctx->outcome = NGX_HTTP_IDEMPOTENCY_ERROR;
         return NGX_DECLINED;
     }
 
     ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                  "idempotency: Redis %s, request refused with 503",
+                  "idempotency: Redis %s, request refused with 503, "
+                  "key_hash=%s",
                   ctx->redis_rc == NGX_HTTP_IDEMPOTENCY_REDIS_TIMEOUT
-                  ? "timed out" : "failed");
+                  ? "timed out" : "failed",
+                  ngx_http_idempotency_key_hash(&ctx->rkey));
 
     return ngx_http_idempotency_problem(r, ctx, NGX_HTTP_IDEMPOTENCY_ERROR);
 }
@@ -769,8 +776,9 @@ ngx_http_idempotency_replay(ngx_http_request_t *r,
 
     if (rc == -1) {
         ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                      "idempotency: stored headers of \"%V\" are "
-                      "corrupt, not replayed", &ctx->rkey);
+                      "idempotency: stored headers of key_hash=%s are "
+                      "corrupt, not replayed",
+                      ngx_http_idempotency_key_hash(&ctx->rkey));
         ctx->redis_rc = NGX_HTTP_IDEMPOTENCY_REDIS_ERROR;
         return ngx_http_idempotency_redis_failed(r, ctx);
     }
@@ -892,6 +900,18 @@ ngx_http_idempotency_problem(ngx_http_request_t *r,
 
     ctx->outcome = outcome;
     ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_DONE;
+
+    /* a client's error, at info; INVALID and ERROR have their own lines */
+
+    if (outcome != NGX_HTTP_IDEMPOTENCY_INVALID
+        && outcome != NGX_HTTP_IDEMPOTENCY_ERROR)
+    {
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "idempotency: %V (%s), key_hash=%s",
+                      ngx_http_idempotency_outcome_name(outcome),
+                      ngx_http_idempotency_outcome_reason(outcome),
+                      ngx_http_idempotency_key_hash(&ctx->rkey));
+    }
 
     rc = ngx_http_idempotency_send_problem(r, outcome);
 

@@ -3,6 +3,7 @@
  */
 
 #include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_stats.h"
 
 
 static ngx_int_t ngx_http_idempotency_init(ngx_conf_t *cf);
@@ -187,6 +188,13 @@ static ngx_command_t  ngx_http_idempotency_commands[] = {
       0,
       NULL },
 
+    { ngx_string("idempotency_status"),
+      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
+      ngx_http_idempotency_status,
+      0,
+      0,
+      NULL },
+
       ngx_null_command
 };
 
@@ -288,6 +296,10 @@ ngx_http_idempotency_init(ngx_conf_t *cf)
     }
 
     *h = ngx_http_idempotency_handler;
+
+    if (ngx_http_idempotency_stats_init(cf) != NGX_OK) {
+        return NGX_ERROR;
+    }
 
     return ngx_http_idempotency_filter_init(cf);
 }
@@ -458,6 +470,8 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
 static ngx_int_t
 ngx_http_idempotency_init_process(ngx_cycle_t *cycle)
 {
+    ngx_http_idempotency_stats_init_process(cycle);
+
     return ngx_http_idempotency_redis_init_process(cycle);
 }
 

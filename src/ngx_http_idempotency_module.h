@@ -132,6 +132,14 @@ ngx_http_idempotency_ctx_t *ngx_http_idempotency_get_ctx(
 ngx_int_t ngx_http_idempotency_handler(ngx_http_request_t *r);
 ngx_int_t ngx_http_idempotency_filter_init(ngx_conf_t *cf);
 ngx_int_t ngx_http_idempotency_add_variables(ngx_conf_t *cf);
+ngx_http_idempotency_outcome_e ngx_http_idempotency_request_outcome(
+    ngx_http_request_t *r);
+ngx_str_t *ngx_http_idempotency_outcome_name(
+    ngx_http_idempotency_outcome_e outcome);
+const char *ngx_http_idempotency_outcome_reason(
+    ngx_http_idempotency_outcome_e outcome);
+char *ngx_http_idempotency_status(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
 void ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx);
 void ngx_http_idempotency_renew_start(ngx_http_idempotency_ctx_t *ctx);
 

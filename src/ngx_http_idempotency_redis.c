@@ -13,6 +13,7 @@
 #include "ngx_http_idempotency_module.h"
 #include "ngx_http_idempotency_sentinel.h"
 #include "ngx_http_idempotency_scripts.h"
+#include "ngx_http_idempotency_stats.h"
 
 
 /* reconnect delay: doubles from MIN on every failure in a row, up to MAX */
@@ -124,6 +125,7 @@ struct ngx_http_idempotency_redis_op_s {
     ngx_http_idempotency_redis_info_t    info;     /* key inside the tail */
     ngx_msec_t                           deadline; /* retryable ops */
     size_t                               size;     /* the whole allocation */
+    uint64_t                             sent;     /* for the latency */
 
     ngx_uint_t                           nargs;
     u_char                              *tail;     /* RESP key and args */
@@ -697,6 +699,9 @@ static void
 ngx_http_idempotency_redis_failure(ngx_http_idempotency_redis_node_t *node,
     const char *what, const char *reason)
 {
+    ngx_http_idempotency_stat_inc(
+                           NGX_HTTP_IDEMPOTENCY_STAT_REDIS_CONNECTION_ERRORS);
+
     if (node->failures++ == 0) {
         ngx_log_error(NGX_LOG_ERR, node->log, 0,
                       "idempotency redis: \"%V\" %s: %s, "
@@ -864,6 +869,7 @@ ngx_http_idempotency_redis_reconnect_handler(ngx_event_t *ev)
         return;
     }
 
+    ngx_http_idempotency_stat_inc(NGX_HTTP_IDEMPOTENCY_STAT_REDIS_RECONNECTS);
     ngx_http_idempotency_redis_connect(node);
 }
 
@@ -1278,6 +1284,7 @@ ngx_http_idempotency_redis_op_send(ngx_http_idempotency_redis_op_t *op)
     }
 
     op->state = NGX_HTTP_IDEMPOTENCY_REDIS_OP_SENT;
+    op->sent = ngx_http_idempotency_stat_command();
     op->eval = 0;
     op->timed_out = 0;
     op->info.attempts++;
@@ -1406,6 +1413,8 @@ ngx_http_idempotency_redis_op_timeout_handler(ngx_event_t *ev)
                    "idempotency redis: \"%V\" op:%p timed out, state:%d",
                    &node->name, op, (int) node->state);
 
+    ngx_http_idempotency_stat_inc(NGX_HTTP_IDEMPOTENCY_STAT_REDIS_TIMEOUTS);
+
     if (op->retry && op->handler) {
 
         if (node->state == NGX_HTTP_IDEMPOTENCY_REDIS_READY) {
@@ -1475,6 +1484,8 @@ ngx_http_idempotency_redis_op_reply(redisAsyncContext *ac, void *r,
         return;
     }
 
+    ngx_http_idempotency_stat_reply(reply, op->sent);
+
     if (op->handler
         && !op->eval
         && reply->type == REDIS_REPLY_ERROR
@@ -1490,6 +1501,7 @@ ngx_http_idempotency_redis_op_reply(redisAsyncContext *ac, void *r,
             == REDIS_OK)
         {
             op->eval = 1;
+            op->sent = ngx_http_idempotency_stat_command();
 
             /* a new command at the end of the pipeline: a new deadline */
             ngx_add_timer(&op->timer, op->node->conf->timeout);
@@ -1655,12 +1667,13 @@ ngx_http_idempotency_redis_park(ngx_http_idempotency_redis_op_t *op,
     {
         ngx_log_error(NGX_LOG_ERR, node->log, 0,
                       "idempotency redis: \"%V\" cannot keep the %s of "
-                      "\"%V\" (%uz bytes) for a retry: commands kept for a "
-                      "retry may use at most %uz bytes (%uz MiB) per worker, "
-                      "%uz are in use (%ui here)",
+                      "key_hash=%s (%uz bytes) for a retry: commands kept "
+                      "for a retry may use at most %uz bytes (%uz MiB) per "
+                      "worker, %uz are in use (%ui here)",
                       &node->name,
                       ngx_http_idempotency_redis_scripts[op->info.script].name,
-                      &op->info.key, op->size, max, max >> 20,
+                      ngx_http_idempotency_key_hash(&op->info.key),
+                      op->size, max, max >> 20,
                       ngx_http_idempotency_redis_parked_bytes,
                       node->stats.parked);
 
@@ -1670,13 +1683,15 @@ ngx_http_idempotency_redis_park(ngx_http_idempotency_redis_op_t *op,
     if (op->info.parked++ == 0) {
         op->kept = 1;
         node->kept++;
+        ngx_http_idempotency_stat_inc(NGX_HTTP_IDEMPOTENCY_STAT_REDIS_PARKED);
 
         ngx_log_error(NGX_LOG_WARN, node->log, 0,
-                      "idempotency redis: \"%V\" %s of \"%V\" failed (%s), "
-                      "kept for a retry for up to %M ms",
+                      "idempotency redis: \"%V\" %s of key_hash=%s failed "
+                      "(%s), kept for a retry for up to %M ms",
                       &node->name,
                       ngx_http_idempotency_redis_scripts[op->info.script].name,
-                      &op->info.key, error, (ngx_msec_t) left);
+                      ngx_http_idempotency_key_hash(&op->info.key), error,
+                      (ngx_msec_t) left);
 
     } else {
         ngx_log_debug5(NGX_LOG_DEBUG_HTTP, node->log, 0,
@@ -1777,6 +1792,7 @@ ngx_http_idempotency_redis_give_up(ngx_http_idempotency_redis_op_t *op,
     node = op->node;
 
     node->stats.given_up++;
+    ngx_http_idempotency_stat_inc(NGX_HTTP_IDEMPOTENCY_STAT_REDIS_GIVEN_UP);
 
     if (op->state == NGX_HTTP_IDEMPOTENCY_REDIS_OP_PARKED) {
         ngx_http_idempotency_redis_unpark(op);

@@ -41,6 +41,22 @@ static ngx_str_t  ngx_http_idempotency_outcome_names[] = {
 };
 
 
+/* why a request got its outcome, for the error log */
+
+static const char  *ngx_http_idempotency_outcome_reasons[] = {
+    "none",
+    "not a protected request, or no key",
+    "claimed, the request runs",
+    "replayed from the store",
+    "the first request with this key is still running",
+    "the key was used for a different request",
+    "no key where idempotency_required is on",
+    "the key is not valid",
+    "the first response was too large to be stored",
+    "Redis failed"
+};
+
+
 ngx_int_t
 ngx_http_idempotency_add_variables(ngx_conf_t *cf)
 {
@@ -60,32 +76,61 @@ ngx_http_idempotency_add_variables(ngx_conf_t *cf)
 }
 
 
-static ngx_int_t
-ngx_http_idempotency_status_variable(ngx_http_request_t *r,
-    ngx_http_variable_value_t *v, uintptr_t data)
+/*
+ * The outcome of a request as $idempotency_status and the counters show
+ * it, or NONE where the module does not apply.
+ */
+
+ngx_http_idempotency_outcome_e
+ngx_http_idempotency_request_outcome(ngx_http_request_t *r)
 {
-    ngx_str_t                        *name;
     ngx_http_idempotency_ctx_t       *ctx;
     ngx_http_idempotency_loc_conf_t  *ilcf;
 
     ctx = ngx_http_idempotency_get_ctx(r->main);
 
     if (ctx != NULL && ctx->outcome != NGX_HTTP_IDEMPOTENCY_NONE) {
-        name = &ngx_http_idempotency_outcome_names[ctx->outcome];
-
-    } else {
-        /* a request the module looked at no further than its method */
-
-        ilcf = ngx_http_get_module_loc_conf(r, ngx_http_idempotency_module);
-
-        if (!ilcf->enable) {
-            v->not_found = 1;
-            return NGX_OK;
-        }
-
-        name = &ngx_http_idempotency_outcome_names[
-                                               NGX_HTTP_IDEMPOTENCY_BYPASS];
+        return ctx->outcome;
     }
+
+    /* a request the module looked at no further than its method */
+
+    ilcf = ngx_http_get_module_loc_conf(r, ngx_http_idempotency_module);
+
+    return ilcf->enable ? NGX_HTTP_IDEMPOTENCY_BYPASS
+                        : NGX_HTTP_IDEMPOTENCY_NONE;
+}
+
+
+ngx_str_t *
+ngx_http_idempotency_outcome_name(ngx_http_idempotency_outcome_e outcome)
+{
+    return &ngx_http_idempotency_outcome_names[outcome];
+}
+
+
+const char *
+ngx_http_idempotency_outcome_reason(ngx_http_idempotency_outcome_e outcome)
+{
+    return ngx_http_idempotency_outcome_reasons[outcome];
+}
+
+
+static ngx_int_t
+ngx_http_idempotency_status_variable(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data)
+{
+    ngx_str_t                       *name;
+    ngx_http_idempotency_outcome_e   outcome;
+
+    outcome = ngx_http_idempotency_request_outcome(r);
+
+    if (outcome == NGX_HTTP_IDEMPOTENCY_NONE) {
+        v->not_found = 1;
+        return NGX_OK;
+    }
+
+    name = &ngx_http_idempotency_outcome_names[outcome];
 
     v->len = name->len;
     v->valid = 1;

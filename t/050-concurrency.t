@@ -227,4 +227,4 @@ Idempotency-Key: fence-1
 !Idempotent-Replayed
 --- wait eval: 1 * $::Slow
 --- error_log eval
-qr/the claim on "[^"]+:fence-1" was lost/
+qr/the claim on key_hash=${\ main::key_hash('fence-1')} was lost/

@@ -207,7 +207,7 @@ Idempotency-Key: pause-1
 created
 --- wait eval: 1 * $::Slow
 --- error_log eval
-qr/"127\.0\.0\.1:\d+" store of "[^"]+:pause-1" failed \(no reply in time\), kept for a retry/
+qr/"127\.0\.0\.1:\d+" store of key_hash=${\ main::key_hash('pause-1')} failed \(no reply in time\), kept for a retry/
 --- no_error_log
 gave up
 
@@ -230,7 +230,7 @@ created
 --- grep_error_log_out
 EXEC POST /backend pause-1
 --- error_log eval
-[qr/storing the response for "[^"]+:pause-1" succeeded after a retry \(attempts: 2\)/,
+[qr/storing the response for key_hash=${\ main::key_hash('pause-1')} succeeded after a retry \(attempts: 2\)/,
  qr/every command kept for a retry is settled: 0 parked, 0 bytes; [1-9]\d* resent, 0 given up/]
 --- no_error_log
 gave up
@@ -259,7 +259,7 @@ Idempotency-Key: busy-1
 --- error_code: 201
 --- wait eval: 0.3 * $::Slow
 --- error_log eval
-qr/store of "[^"]+:busy-1" failed \(Redis is busy running a script\), kept for a retry/
+qr/store of key_hash=${\ main::key_hash('busy-1')} failed \(Redis is busy running a script\), kept for a retry/
 
 
 
@@ -279,7 +279,7 @@ Idempotent-Replayed: true
 --- grep_error_log_out
 EXEC POST /backend busy-1
 --- error_log eval
-[qr/storing the response for "[^"]+:busy-1" succeeded after a retry/,
+[qr/storing the response for key_hash=${\ main::key_hash('busy-1')} succeeded after a retry/,
  qr/every command kept for a retry is settled: 0 parked, 0 bytes; [1-9]\d* resent, 0 given up/]
 --- no_error_log
 reconnecting
@@ -306,7 +306,7 @@ Idempotency-Key: kill-1
 !Idempotent-Replayed
 --- wait eval: 0.3 * $::Slow
 --- error_log eval
-qr/store of "[^"]+:kill-1" failed \((?:not connected|connection lost)\), kept for a retry/
+qr/store of key_hash=${\ main::key_hash('kill-1')} failed \((?:not connected|connection lost)\), kept for a retry/
 
 
 
@@ -329,7 +329,7 @@ created
 --- grep_error_log_out
 EXEC POST /backend kill-1
 --- error_log eval
-[qr/storing the response for "[^"]+:kill-1" succeeded after a retry/,
+[qr/storing the response for key_hash=${\ main::key_hash('kill-1')} succeeded after a retry/,
  qr/every command kept for a retry is settled: 0 parked, 0 bytes/]
 --- no_error_log
 gave up
@@ -357,7 +357,7 @@ Idempotency-Key: lost-1
 
 === TEST 8: ... so a retry runs the operation again (persistence is what keeps claims)
 --- init
-main::wait_log(qr/the claim on "[^"]+:lost-1" was lost \(Redis was away/,
+main::wait_log(qr/the claim on key_hash=${\ main::key_hash('lost-1')} was lost \(Redis was away/,
                10 * $main::Slow);
 main::upstream_once(port => $main::Port);
 --- request
@@ -390,7 +390,7 @@ Idempotency-Key: ttl-1
 --- error_code: 201
 --- wait eval: 2 * $::Slow
 --- error_log eval
-qr/\[error\] .*gave up storing the response for "[^"]+:ttl-1" \(its deadline passed; attempts: \d+, last error: (?:not connected|connection lost)\): the response is lost; once idempotency_lock_ttl ends, a retry runs the operation again/
+qr/\[error\] .*gave up storing the response for key_hash=${\ main::key_hash('ttl-1')} \(its deadline passed; attempts: \d+, last error: (?:not connected|connection lost)\): the response is lost; once idempotency_lock_ttl ends, a retry runs the operation again/
 
 
 
@@ -431,8 +431,8 @@ Idempotency-Key: big-1
 --- error_code: 201
 --- wait eval: 0.5 * $::Slow
 --- error_log eval
-[qr/\[error\] .*cannot keep the store of "[^"]+:big-1" \(\d+ bytes\) for a retry: commands kept for a retry may use at most 67108864 bytes \(64 MiB\) per worker, 0 are in use/,
- qr/\[error\] .*gave up storing the response for "[^"]+:big-1" \(the worker's retry buffer is full; attempts: \d+/]
+[qr/\[error\] .*cannot keep the store of key_hash=${\ main::key_hash('big-1')} \(\d+ bytes\) for a retry: commands kept for a retry may use at most 67108864 bytes \(64 MiB\) per worker, 0 are in use/,
+ qr/\[error\] .*gave up storing the response for key_hash=${\ main::key_hash('big-1')} \(the worker's retry buffer is full; attempts: \d+/]
 --- no_error_log
 kept for a retry for up to
 
@@ -451,7 +451,7 @@ Idempotency-Key: big-2
 --- error_code: 201
 --- wait eval: 0.5 * $::Slow
 --- no_error_log eval
-qr/gave up storing the response for "[^"]+:big-2"/
+qr/gave up storing the response for key_hash=${\ main::key_hash('big-2')}/
 
 
 
@@ -470,7 +470,7 @@ Idempotency-Key: exit-1
 --- error_code: 201
 --- wait eval: 0.3
 --- error_log eval
-qr/store of "[^"]+:exit-1" failed .*kept for a retry for up to \d+ ms/
+qr/store of key_hash=${\ main::key_hash('exit-1')} failed .*kept for a retry for up to \d+ ms/
 
 
 
@@ -482,11 +482,11 @@ open my $fh, '<', $pidfile or die "no $pidfile: $!";
 my $pid = <$fh>;
 chomp $pid;
 kill 'HUP', $pid or die "cannot HUP $pid";
-main::wait_log(qr/gave up storing the response for "[^"]+:exit-1"/, 5);
+main::wait_log(qr/gave up storing the response for key_hash=${\ main::key_hash('exit-1')}/, 5);
 main::redis_ctl('start');
 --- request
 GET /
 --- error_code: 200
 --- error_log eval
-[qr/\[error\] .*gave up storing the response for "[^"]+:exit-1" \(the worker is exiting; attempts: \d+, last error: (?:not connected|connection lost)\)/,
+[qr/\[error\] .*gave up storing the response for key_hash=${\ main::key_hash('exit-1')} \(the worker is exiting; attempts: \d+, last error: (?:not connected|connection lost)\)/,
  qr/every command kept for a retry is settled: 0 parked, 0 bytes; 0 resent, 1 given up/]

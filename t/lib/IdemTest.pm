@@ -8,11 +8,12 @@ package IdemTest;
 use strict;
 use warnings;
 
+use Digest::SHA ();
 use Exporter 'import';
 use IO::Socket::INET ();
 use POSIX ();
 
-our @EXPORT = qw($Slow first_request redis_cli redis_ctl);
+our @EXPORT = qw($Slow first_request key_hash redis_cli redis_ctl);
 
 # under valgrind everything is many times slower: so is our choreography
 our $Slow = $ENV{TEST_NGINX_USE_VALGRIND} ? 6 : 1;
@@ -62,6 +63,17 @@ sub redis_cli {
     my $out = `"$ENV{TEST_NGINX_REDIS_CTL}" cli $cmd 2>/dev/null`;
     chomp $out;
     return $out;
+}
+
+# How the error log names the record of $key under $scope (default: none,
+# as without an Authorization header): key_hash= and 16 hex digits of
+# sha256 of the Redis key, which is TEST_NGINX_PREFIX, hex sha256 of the
+# scope, ':' and the key.
+sub key_hash {
+    my ($key, $scope) = @_;
+    my $rkey = ($ENV{TEST_NGINX_PREFIX} // 'idem:')
+               . Digest::SHA::sha256_hex($scope // '') . ":$key";
+    return substr(Digest::SHA::sha256_hex($rkey), 0, 16);
 }
 
 sub redis_ctl {

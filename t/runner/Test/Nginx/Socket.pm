@@ -26,7 +26,7 @@ our @EXPORT = qw(
     run_tests no_shuffle repeat_each log_level master_on master_off
     no_root_location server_root html_dir server_port worker_connections
     env_to_nginx add_block_preprocessor bail_out timeout
-    check_accum_error_log no_long_string
+    check_accum_error_log no_long_string workers
 );
 
 our $RepeatEach        = 1;
@@ -34,6 +34,7 @@ our $NoShuffle         = $ENV{TEST_NGINX_NO_SHUFFLE} || 0;
 our $LogLevel          = $ENV{TEST_NGINX_LOG_LEVEL} || 'debug';
 our $MasterProcess     = $ENV{TEST_NGINX_MASTER_PROCESS} || 'off';
 our $WorkerConnections = $ENV{TEST_NGINX_WORKER_CONNECTIONS} || 64;
+our $Workers           = 1;
 our $Timeout           = $ENV{TEST_NGINX_TIMEOUT} || 3;
 our $Sleep             = $ENV{TEST_NGINX_SLEEP} || 0.015;
 our $UseValgrind       = $ENV{TEST_NGINX_USE_VALGRIND};
@@ -74,6 +75,7 @@ sub server_root ()         { $ServRoot }
 sub html_dir ()            { "$ServRoot/html" }
 sub server_port (@)        { @_ ? ($ServerPort = shift) : $ServerPort }
 sub worker_connections (@) { @_ ? ($WorkerConnections = shift) : $WorkerConnections }
+sub workers (@)            { @_ ? ($Workers = shift) : $Workers }
 sub timeout (@)            { @_ ? ($Timeout = shift) : $Timeout }
 sub env_to_nginx (@)       { push @EnvToNginx, @_ }
 sub add_block_preprocessor (&) { unshift @Preprocessors, shift }
@@ -232,7 +234,7 @@ sub gen_config {
     my $level = $block->log_level // $LogLevel;
     $level =~ s/^\s+|\s+$//g;
     my $fg = $UseValgrind && !$must_die;    # valgrind needs the foreground
-    my $conf = "worker_processes  1;\n"
+    my $conf = "worker_processes  $Workers;\n"
         . 'daemon ' . ($fg ? 'off' : 'on') . ";\n"
         . 'master_process ' . ($fg ? 'off' : $MasterProcess) . ";\n"
         . "error_log $r/logs/error.log $level;\n"
@@ -1008,8 +1010,8 @@ user_files, skip_eval, and Test::Base's ONLY, SKIP, LAST and filters.
 
 Exports: run_tests no_shuffle repeat_each log_level master_on master_off
 no_root_location server_root html_dir server_port worker_connections
-env_to_nginx add_block_preprocessor bail_out timeout check_accum_error_log
-no_long_string, plus Test::Base's (plan blocks is ok like ...).
+workers env_to_nginx add_block_preprocessor bail_out timeout
+check_accum_error_log no_long_string, plus Test::Base's (plan blocks is ok like ...).
 
 Like the real tool, it checks the logs after every response of a block (each
 check sees only the lines not yet seen; the first one of a block starts at

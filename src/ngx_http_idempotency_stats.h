@@ -1,0 +1,105 @@
+/*
+ * Observability: counters shared by all workers, and the short key hash
+ * that names a record in the error log.
+ */
+
+#ifndef _NGX_HTTP_IDEMPOTENCY_STATS_H_INCLUDED_
+#define _NGX_HTTP_IDEMPOTENCY_STATS_H_INCLUDED_
+
+
+#include <ngx_config.h>
+#include <ngx_core.h>
+#include <ngx_http.h>
+#include <hiredis/hiredis.h>
+
+
+/*
+ * What is counted.  The order is the order of the output; the names and
+ * help texts are in ngx_http_idempotency_status.c.  The request outcomes
+ * come first, in the order of ngx_http_idempotency_outcome_e.
+ */
+typedef enum {
+    NGX_HTTP_IDEMPOTENCY_STAT_BYPASS = 0,
+    NGX_HTTP_IDEMPOTENCY_STAT_MISS,
+    NGX_HTTP_IDEMPOTENCY_STAT_HIT,
+    NGX_HTTP_IDEMPOTENCY_STAT_CONFLICT,
+    NGX_HTTP_IDEMPOTENCY_STAT_MISMATCH,
+    NGX_HTTP_IDEMPOTENCY_STAT_MISSING,
+    NGX_HTTP_IDEMPOTENCY_STAT_INVALID,
+    NGX_HTTP_IDEMPOTENCY_STAT_OVERSIZE,
+    NGX_HTTP_IDEMPOTENCY_STAT_ERROR,
+
+    /* what happened to the response of a claimed (MISS) request */
+    NGX_HTTP_IDEMPOTENCY_STAT_STORED,          /* sent to Redis to record */
+    NGX_HTTP_IDEMPOTENCY_STAT_TOO_LARGE,       /* not-replayable marker */
+    NGX_HTTP_IDEMPOTENCY_STAT_NOT_STORABLE,    /* idempotency_store_status */
+    NGX_HTTP_IDEMPOTENCY_STAT_ERROR_PAGE,      /* replaced by error_page */
+    NGX_HTTP_IDEMPOTENCY_STAT_INCOMPLETE,      /* ended early: claim kept */
+
+    /* a store or release that Redis did not carry out */
+    NGX_HTTP_IDEMPOTENCY_STAT_STORE_CLAIM_LOST,
+    NGX_HTTP_IDEMPOTENCY_STAT_STORE_REDIS_ERROR,
+    NGX_HTTP_IDEMPOTENCY_STAT_STORE_GIVEN_UP,
+    NGX_HTTP_IDEMPOTENCY_STAT_RELEASE_REDIS_ERROR,
+    NGX_HTTP_IDEMPOTENCY_STAT_RELEASE_GIVEN_UP,
+    NGX_HTTP_IDEMPOTENCY_STAT_CLAIM_LOST,      /* found gone by a renewal */
+
+    /* the Redis connections of all workers */
+    NGX_HTTP_IDEMPOTENCY_STAT_REDIS_COMMANDS,
+    NGX_HTTP_IDEMPOTENCY_STAT_REDIS_REPLIES,
+    NGX_HTTP_IDEMPOTENCY_STAT_REDIS_ERROR_REPLIES,
+    NGX_HTTP_IDEMPOTENCY_STAT_REDIS_TIMEOUTS,
+    NGX_HTTP_IDEMPOTENCY_STAT_REDIS_CONNECTION_ERRORS,
+    NGX_HTTP_IDEMPOTENCY_STAT_REDIS_RECONNECTS,
+    NGX_HTTP_IDEMPOTENCY_STAT_REDIS_PARKED,
+    NGX_HTTP_IDEMPOTENCY_STAT_REDIS_GIVEN_UP,
+
+    NGX_HTTP_IDEMPOTENCY_STAT_N
+} ngx_http_idempotency_stat_e;
+
+
+/* upper bounds of the Redis round-trip histogram, in microseconds */
+#define NGX_HTTP_IDEMPOTENCY_LATENCY_BOUNDS                                   \
+    500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000, 500000,       \
+    1000000
+
+#define NGX_HTTP_IDEMPOTENCY_LATENCY_N     11      /* + one for +Inf */
+
+/* "key_hash=" and this many hex digits of sha256(Redis key) */
+#define NGX_HTTP_IDEMPOTENCY_KEY_HASH_LEN  16
+
+
+/* the counters in shared memory, read by the status handler */
+typedef struct {
+    size_t                     size;    /* of this struct, for reuse */
+    ngx_atomic_t               counter[NGX_HTTP_IDEMPOTENCY_STAT_N];
+    ngx_atomic_t               latency[NGX_HTTP_IDEMPOTENCY_LATENCY_N + 1];
+    ngx_atomic_t               latency_sum;   /* microseconds */
+} ngx_http_idempotency_stats_t;
+
+
+ngx_int_t ngx_http_idempotency_stats_zone(ngx_conf_t *cf);
+ngx_int_t ngx_http_idempotency_stats_init(ngx_conf_t *cf);
+void ngx_http_idempotency_stats_init_process(ngx_cycle_t *cycle);
+
+/* NULL where no zone was configured */
+ngx_http_idempotency_stats_t *ngx_http_idempotency_stats_get(void);
+extern const ngx_uint_t  ngx_http_idempotency_latency_bounds[];
+
+void ngx_http_idempotency_stat_inc(ngx_http_idempotency_stat_e which);
+
+/* counts a command sent to Redis; returns its start for stat_reply() */
+uint64_t ngx_http_idempotency_stat_command(void);
+
+/* counts a reply (and an error reply) and its round trip since start */
+void ngx_http_idempotency_stat_reply(redisReply *reply, uint64_t start);
+
+/*
+ * sha256 of the Redis key, 16 hex digits, NUL-terminated, in a static
+ * buffer (overwritten by the next call): names a record in the error log
+ * without the client's key, which may carry secrets
+ */
+u_char *ngx_http_idempotency_key_hash(ngx_str_t *rkey);
+
+
+#endif /* _NGX_HTTP_IDEMPOTENCY_STATS_H_INCLUDED_ */

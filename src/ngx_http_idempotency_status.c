@@ -1,0 +1,577 @@
+/*
+ * The "idempotency_status" location: the shared counters as JSON or in the
+ * Prometheus text exposition format 0.0.4.
+ */
+
+#include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_stats.h"
+#include "ngx_http_idempotency_version.h"
+
+
+#define NGX_HTTP_IDEMPOTENCY_PREFIX  "nginx_idempotency_"
+
+
+typedef enum {
+    NGX_HTTP_IDEMPOTENCY_FORMAT_JSON = 0,
+    NGX_HTTP_IDEMPOTENCY_FORMAT_PROMETHEUS
+} ngx_http_idempotency_format_e;
+
+
+/*
+ * One counter: its Prometheus family (without the prefix) and label, its
+ * JSON object and field.  A family's help text is on its first counter;
+ * the counters of a family, and of a JSON object, follow each other.
+ */
+typedef struct {
+    ngx_str_t                  family;
+    ngx_str_t                  label;
+    ngx_str_t                  group;
+    ngx_str_t                  field;
+    ngx_str_t                  help;
+} ngx_http_idempotency_metric_t;
+
+
+static ngx_int_t ngx_http_idempotency_status_handler(ngx_http_request_t *r);
+static ngx_int_t ngx_http_idempotency_status_format(ngx_http_request_t *r,
+    ngx_http_idempotency_format_e *format);
+static ngx_uint_t ngx_http_idempotency_accept_q(ngx_str_t *accept,
+    ngx_uint_t *prometheus);
+static u_char *ngx_http_idempotency_status_json(u_char *p,
+    ngx_http_idempotency_stats_t *stats);
+static u_char *ngx_http_idempotency_status_prometheus(u_char *p,
+    ngx_http_idempotency_stats_t *stats);
+static u_char *ngx_http_idempotency_decimal(u_char *p, ngx_uint_t value,
+    ngx_uint_t scale);
+
+
+#define ngx_http_idempotency_metric(family, label, group, field, help)        \
+    { ngx_string(family), ngx_string(label), ngx_string(group),               \
+      ngx_string(field), ngx_string(help) }
+
+
+/* indexed by ngx_http_idempotency_stat_e */
+
+static ngx_http_idempotency_metric_t  ngx_http_idempotency_metrics[] = {
+
+    ngx_http_idempotency_metric("requests_total", "outcome=\"BYPASS\"",
+        "requests", "BYPASS",
+        "Requests in locations with idempotency on, by $idempotency_status."),
+    ngx_http_idempotency_metric("requests_total", "outcome=\"MISS\"",
+        "requests", "MISS", ""),
+    ngx_http_idempotency_metric("requests_total", "outcome=\"HIT\"",
+        "requests", "HIT", ""),
+    ngx_http_idempotency_metric("requests_total", "outcome=\"CONFLICT\"",
+        "requests", "CONFLICT", ""),
+    ngx_http_idempotency_metric("requests_total", "outcome=\"MISMATCH\"",
+        "requests", "MISMATCH", ""),
+    ngx_http_idempotency_metric("requests_total", "outcome=\"MISSING\"",
+        "requests", "MISSING", ""),
+    ngx_http_idempotency_metric("requests_total", "outcome=\"INVALID\"",
+        "requests", "INVALID", ""),
+    ngx_http_idempotency_metric("requests_total", "outcome=\"OVERSIZE\"",
+        "requests", "OVERSIZE", ""),
+    ngx_http_idempotency_metric("requests_total", "outcome=\"ERROR\"",
+        "requests", "ERROR", ""),
+
+    ngx_http_idempotency_metric("responses_total", "result=\"stored\"",
+        "responses", "stored",
+        "Responses of claimed (MISS) requests, by what was done with them "
+        "when they ended."),
+    ngx_http_idempotency_metric("responses_total", "result=\"too_large\"",
+        "responses", "too_large", ""),
+    ngx_http_idempotency_metric("responses_total", "result=\"not_storable\"",
+        "responses", "not_storable", ""),
+    ngx_http_idempotency_metric("responses_total", "result=\"error_page\"",
+        "responses", "error_page", ""),
+    ngx_http_idempotency_metric("responses_total", "result=\"incomplete\"",
+        "responses", "incomplete", ""),
+
+    ngx_http_idempotency_metric("store_failures_total",
+        "reason=\"claim_lost\"", "store_failures", "claim_lost",
+        "Stores of a response that Redis did not record, by reason."),
+    ngx_http_idempotency_metric("store_failures_total",
+        "reason=\"redis_error\"", "store_failures", "redis_error", ""),
+    ngx_http_idempotency_metric("store_failures_total",
+        "reason=\"given_up\"", "store_failures", "given_up", ""),
+
+    ngx_http_idempotency_metric("release_failures_total",
+        "reason=\"redis_error\"", "release_failures", "redis_error",
+        "Releases of a claim that Redis did not carry out, by reason."),
+    ngx_http_idempotency_metric("release_failures_total",
+        "reason=\"given_up\"", "release_failures", "given_up", ""),
+
+    ngx_http_idempotency_metric("claims_lost_total", "", "claims", "lost",
+        "Renewals that found their claim gone while its request ran."),
+
+    ngx_http_idempotency_metric("redis_commands_total", "", "redis",
+        "commands", "Commands (module scripts) sent to Redis."),
+    ngx_http_idempotency_metric("redis_replies_total", "", "redis",
+        "replies", "Replies received from Redis."),
+    ngx_http_idempotency_metric("redis_error_replies_total", "", "redis",
+        "error_replies", "Error replies received from Redis."),
+    ngx_http_idempotency_metric("redis_timeouts_total", "", "redis",
+        "timeouts", "Commands without a reply within the timeout."),
+    ngx_http_idempotency_metric("redis_connection_errors_total", "", "redis",
+        "connection_errors",
+        "Redis connections that failed or were lost, handshake included."),
+    ngx_http_idempotency_metric("redis_reconnects_total", "", "redis",
+        "reconnects", "Connection attempts after a failure."),
+    ngx_http_idempotency_metric("redis_parked_total", "", "redis",
+        "parked", "Stores and releases kept in a worker for a retry."),
+    ngx_http_idempotency_metric("redis_given_up_total", "", "redis",
+        "given_up", "Stores and releases given up: deadline passed, retry "
+        "buffer full, or the worker exiting.")
+};
+
+
+char *
+ngx_http_idempotency_status(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_core_loc_conf_t  *clcf;
+
+    clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
+
+    if (clcf->handler == ngx_http_idempotency_status_handler) {
+        return "is duplicate";
+    }
+
+    if (ngx_http_idempotency_stats_zone(cf) != NGX_OK) {
+        return NGX_CONF_ERROR;
+    }
+
+    clcf->handler = ngx_http_idempotency_status_handler;
+
+    return NGX_CONF_OK;
+}
+
+
+static ngx_int_t
+ngx_http_idempotency_status_handler(ngx_http_request_t *r)
+{
+    size_t                          size;
+    ngx_int_t                       rc;
+    ngx_buf_t                      *b;
+    ngx_uint_t                      i;
+    ngx_chain_t                     out;
+    ngx_table_elt_t                *h;
+    ngx_http_idempotency_stats_t   *stats;
+    ngx_http_idempotency_format_e   format;
+
+    if (!(r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD))) {
+        h = ngx_list_push(&r->headers_out.headers);
+        if (h == NULL) {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+
+        h->hash = 1;
+        ngx_str_set(&h->key, "Allow");
+        ngx_str_set(&h->value, "GET, HEAD");
+
+        return NGX_HTTP_NOT_ALLOWED;
+    }
+
+    rc = ngx_http_discard_request_body(r);
+
+    if (rc != NGX_OK) {
+        return rc;
+    }
+
+    if (ngx_http_idempotency_status_format(r, &format) != NGX_OK) {
+        return NGX_HTTP_BAD_REQUEST;
+    }
+
+    stats = ngx_http_idempotency_stats_get();
+
+    if (stats == NULL) {
+        ngx_log_error(NGX_LOG_ALERT, r->connection->log, 0,
+                      "idempotency status: no shared memory zone");
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    /* room for every line; the help texts are the longest part */
+
+    size = 1024
+           + (NGX_HTTP_IDEMPOTENCY_LATENCY_N + 3) * (128 + NGX_ATOMIC_T_LEN);
+
+    for (i = 0; i < NGX_HTTP_IDEMPOTENCY_STAT_N; i++) {
+        size += 3 * ngx_http_idempotency_metrics[i].family.len
+                + ngx_http_idempotency_metrics[i].label.len
+                + ngx_http_idempotency_metrics[i].group.len
+                + ngx_http_idempotency_metrics[i].field.len
+                + ngx_http_idempotency_metrics[i].help.len
+                + 128 + NGX_ATOMIC_T_LEN;
+    }
+
+    b = ngx_create_temp_buf(r->pool, size);
+    if (b == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    if (format == NGX_HTTP_IDEMPOTENCY_FORMAT_PROMETHEUS) {
+        ngx_str_set(&r->headers_out.content_type,
+                    "text/plain; version=0.0.4");
+        b->last = ngx_http_idempotency_status_prometheus(b->last, stats);
+
+    } else {
+        ngx_str_set(&r->headers_out.content_type, "application/json");
+        b->last = ngx_http_idempotency_status_json(b->last, stats);
+    }
+
+    r->headers_out.content_type_len = r->headers_out.content_type.len;
+    r->headers_out.content_type_lowcase = NULL;
+
+    r->headers_out.status = NGX_HTTP_OK;
+    r->headers_out.content_length_n = b->last - b->pos;
+
+    b->last_buf = (r == r->main) ? 1 : 0;
+    b->last_in_chain = 1;
+
+    rc = ngx_http_send_header(r);
+
+    if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
+        return rc;
+    }
+
+    out.buf = b;
+    out.next = NULL;
+
+    return ngx_http_output_filter(r, &out);
+}
+
+
+/*
+ * "?format=json|prometheus" first, then Accept: the Prometheus text format
+ * for text/plain or application/openmetrics-text, JSON for
+ * application/json, whichever has the higher q; JSON when neither is named
+ * (curl's "*" "/" "*", a browser).
+ */
+
+static ngx_int_t
+ngx_http_idempotency_status_format(ngx_http_request_t *r,
+    ngx_http_idempotency_format_e *format)
+{
+    ngx_str_t         value;
+    ngx_uint_t        i, q, json, prometheus, prom;
+    ngx_list_part_t  *part;
+    ngx_table_elt_t  *h;
+
+    *format = NGX_HTTP_IDEMPOTENCY_FORMAT_JSON;
+
+    if (ngx_http_arg(r, (u_char *) "format", 6, &value) == NGX_OK) {
+
+        if (value.len == 4 && ngx_strncmp(value.data, "json", 4) == 0) {
+            return NGX_OK;
+        }
+
+        if (value.len == 10
+            && ngx_strncmp(value.data, "prometheus", 10) == 0)
+        {
+            *format = NGX_HTTP_IDEMPOTENCY_FORMAT_PROMETHEUS;
+            return NGX_OK;
+        }
+
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "idempotency status: unknown format \"%V\", "
+                      "\"json\" or \"prometheus\" is expected", &value);
+        return NGX_ERROR;
+    }
+
+    json = 0;
+    prometheus = 0;
+
+    part = &r->headers_in.headers.part;
+    h = part->elts;
+
+    for (i = 0; /* void */ ; i++) {
+
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                break;
+            }
+
+            part = part->next;
+            h = part->elts;
+            i = 0;
+        }
+
+        if (h[i].key.len != sizeof("Accept") - 1
+            || ngx_strncasecmp(h[i].key.data, (u_char *) "Accept",
+                               sizeof("Accept") - 1) != 0)
+        {
+            continue;
+        }
+
+        q = ngx_http_idempotency_accept_q(&h[i].value, &prom);
+
+        json = ngx_max(json, q);
+        prometheus = ngx_max(prometheus, prom);
+    }
+
+    if (prometheus > json) {
+        *format = NGX_HTTP_IDEMPOTENCY_FORMAT_PROMETHEUS;
+    }
+
+    return NGX_OK;
+}
+
+
+/*
+ * The highest q (0 .. 1000) of application/json in an Accept value, and in
+ * *prometheus that of text/plain and application/openmetrics-text.
+ */
+
+static ngx_uint_t
+ngx_http_idempotency_accept_q(ngx_str_t *accept, ngx_uint_t *prometheus)
+{
+    u_char      *p, *end, *type, *type_end, *param;
+    ngx_uint_t   q, json, digits;
+
+    json = 0;
+    *prometheus = 0;
+
+    p = accept->data;
+    end = p + accept->len;
+
+    while (p < end) {
+
+        while (p < end && (*p == ' ' || *p == '\t' || *p == ',')) {
+            p++;
+        }
+
+        type = p;
+
+        while (p < end && *p != ';' && *p != ',' && *p != ' '
+               && *p != '\t')
+        {
+            p++;
+        }
+
+        type_end = p;
+        q = 1000;
+
+        /* parameters up to the next media range */
+
+        while (p < end && *p != ',') {
+
+            if (*p != ';') {
+                p++;
+                continue;
+            }
+
+            p++;
+
+            while (p < end && (*p == ' ' || *p == '\t')) {
+                p++;
+            }
+
+            param = p;
+
+            if (end - param < 2
+                || (param[0] != 'q' && param[0] != 'Q') || param[1] != '=')
+            {
+                continue;
+            }
+
+            /* qvalue: "0" [ "." 0*3DIGIT ] / "1" [ "." 0*3("0") ] */
+
+            p = param + 2;
+            q = 0;
+
+            if (p < end && *p == '1') {
+                q = 1000;
+            }
+
+            if (p < end && (*p == '0' || *p == '1')) {
+                p++;
+            }
+
+            if (p < end && *p == '.' && q == 0) {
+                p++;
+
+                for (digits = 100; digits && p < end
+                                   && *p >= '0' && *p <= '9'; digits /= 10)
+                {
+                    q += (*p++ - '0') * digits;
+                }
+            }
+        }
+
+        if (type_end - type == sizeof("application/json") - 1
+            && ngx_strncasecmp(type, (u_char *) "application/json",
+                               type_end - type) == 0)
+        {
+            json = ngx_max(json, q);
+
+        } else if ((type_end - type == sizeof("text/plain") - 1
+                    && ngx_strncasecmp(type, (u_char *) "text/plain",
+                                       type_end - type) == 0)
+                   || (type_end - type
+                          == sizeof("application/openmetrics-text") - 1
+                       && ngx_strncasecmp(type,
+                                      (u_char *) "application/openmetrics-text",
+                                      type_end - type) == 0))
+        {
+            *prometheus = ngx_max(*prometheus, q);
+        }
+    }
+
+    return json;
+}
+
+
+static u_char *
+ngx_http_idempotency_status_json(u_char *p,
+    ngx_http_idempotency_stats_t *stats)
+{
+    ngx_uint_t                      i, n, count;
+    ngx_atomic_uint_t               v;
+    ngx_http_idempotency_metric_t  *m;
+
+    p = ngx_sprintf(p, "{\n  \"version\": \"%s\"",
+                    NGX_HTTP_IDEMPOTENCY_VERSION);
+
+    for (i = 0; i < NGX_HTTP_IDEMPOTENCY_STAT_N; i++) {
+        m = &ngx_http_idempotency_metrics[i];
+        v = stats->counter[i];
+
+        if (i == 0 || m->group.len != m[-1].group.len
+            || ngx_strncmp(m->group.data, m[-1].group.data, m->group.len)
+               != 0)
+        {
+            p = ngx_sprintf(p, "%s,\n  \"%V\": {", i ? "}" : "", &m->group);
+
+        } else {
+            p = ngx_sprintf(p, ", ");
+        }
+
+        p = ngx_sprintf(p, "\"%V\": %uA", &m->field, v);
+    }
+
+    p = ngx_sprintf(p, "},\n  \"redis_latency_ms\": {\"buckets\": {");
+
+    count = 0;
+
+    for (n = 0; n <= NGX_HTTP_IDEMPOTENCY_LATENCY_N; n++) {
+        count += stats->latency[n];
+
+        if (n < NGX_HTTP_IDEMPOTENCY_LATENCY_N) {
+            *p++ = '"';
+            p = ngx_http_idempotency_decimal(p,
+                                    ngx_http_idempotency_latency_bounds[n], 3);
+            p = ngx_sprintf(p, "\": %ui, ", count);
+
+        } else {
+            p = ngx_sprintf(p, "\"+Inf\": %ui}, ", count);
+        }
+    }
+
+    v = stats->latency_sum;
+
+    p = ngx_sprintf(p, "\"sum\": %uA.%03uA, \"count\": %ui}\n}\n",
+                    v / 1000, v % 1000, count);
+
+    return p;
+}
+
+
+static u_char *
+ngx_http_idempotency_status_prometheus(u_char *p,
+    ngx_http_idempotency_stats_t *stats)
+{
+    ngx_uint_t                      i, n, count;
+    ngx_atomic_uint_t               v;
+    ngx_http_idempotency_metric_t  *m;
+
+    p = ngx_sprintf(p,
+            "# HELP " NGX_HTTP_IDEMPOTENCY_PREFIX "info "
+            "Version of ngx_http_idempotency_module.\n"
+            "# TYPE " NGX_HTTP_IDEMPOTENCY_PREFIX "info gauge\n"
+            NGX_HTTP_IDEMPOTENCY_PREFIX "info{version=\"%s\"} 1\n",
+            NGX_HTTP_IDEMPOTENCY_VERSION);
+
+    for (i = 0; i < NGX_HTTP_IDEMPOTENCY_STAT_N; i++) {
+        m = &ngx_http_idempotency_metrics[i];
+        v = stats->counter[i];
+
+        if (m->help.len) {
+            p = ngx_sprintf(p,
+                    "# HELP " NGX_HTTP_IDEMPOTENCY_PREFIX "%V %V\n"
+                    "# TYPE " NGX_HTTP_IDEMPOTENCY_PREFIX "%V counter\n",
+                    &m->family, &m->help, &m->family);
+        }
+
+        p = ngx_sprintf(p, NGX_HTTP_IDEMPOTENCY_PREFIX "%V", &m->family);
+
+        if (m->label.len) {
+            p = ngx_sprintf(p, "{%V}", &m->label);
+        }
+
+        p = ngx_sprintf(p, " %uA\n", v);
+    }
+
+    p = ngx_sprintf(p,
+            "# HELP " NGX_HTTP_IDEMPOTENCY_PREFIX "redis_latency_seconds "
+            "Round trips of commands to Redis, from sending to the reply.\n"
+            "# TYPE " NGX_HTTP_IDEMPOTENCY_PREFIX "redis_latency_seconds "
+            "histogram\n");
+
+    count = 0;
+
+    for (n = 0; n <= NGX_HTTP_IDEMPOTENCY_LATENCY_N; n++) {
+        count += stats->latency[n];
+
+        p = ngx_sprintf(p, NGX_HTTP_IDEMPOTENCY_PREFIX
+                        "redis_latency_seconds_bucket{le=\"");
+
+        if (n < NGX_HTTP_IDEMPOTENCY_LATENCY_N) {
+            p = ngx_http_idempotency_decimal(p,
+                                    ngx_http_idempotency_latency_bounds[n], 6);
+
+        } else {
+            p = ngx_sprintf(p, "+Inf");
+        }
+
+        p = ngx_sprintf(p, "\"} %ui\n", count);
+    }
+
+    v = stats->latency_sum;
+
+    p = ngx_sprintf(p,
+            NGX_HTTP_IDEMPOTENCY_PREFIX "redis_latency_seconds_sum "
+            "%uA.%06uA\n"
+            NGX_HTTP_IDEMPOTENCY_PREFIX "redis_latency_seconds_count %ui\n",
+            v / 1000000, v % 1000000, count);
+
+    return p;
+}
+
+
+/* value / 10^scale, without trailing zeros: 2500, 3 -> "2.5" */
+
+static u_char *
+ngx_http_idempotency_decimal(u_char *p, ngx_uint_t value, ngx_uint_t scale)
+{
+    ngx_uint_t  div, frac, i;
+
+    for (div = 1, i = 0; i < scale; i++) {
+        div *= 10;
+    }
+
+    p = ngx_sprintf(p, "%ui", value / div);
+
+    frac = value % div;
+
+    if (frac == 0) {
+        return p;
+    }
+
+    *p++ = '.';
+
+    while (frac) {
+        div /= 10;
+        *p++ = (u_char) ('0' + frac / div);
+        frac %= div;
+    }
+
+    return p;
+}
