@@ -229,6 +229,8 @@ static ngx_http_idempotency_redis_transient_t
     { ngx_string("TRYAGAIN"), "Redis asked to try again" },
     { ngx_string("MASTERDOWN"), "Redis lost its master" },
     { ngx_string("CLUSTERDOWN"), "the Redis cluster is down" },
+    /* maxmemory with noeviction: room comes back as records expire */
+    { ngx_string("OOM"), "Redis is out of memory (maxmemory)" },
     { ngx_null_string, NULL }
 };
 

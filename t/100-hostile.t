@@ -101,6 +101,18 @@ sub records {
     return sort @keys;
 }
 
+# true once the record $rkey is in $state (the store follows the response
+# by a moment), false after $secs
+sub wait_state {
+    my ($rkey, $state, $secs) = @_;
+    my $end = Time::HiRes::time() + $secs;
+    while (Time::HiRes::time() < $end) {
+        return 1 if (redis('HGET', $rkey, 'state') // '') eq $state;
+        Time::HiRes::sleep(0.05);
+    }
+    return 0;
+}
+
 # the idempotency keys (without prefix and scope) recorded under $tag
 sub recorded_keys {
     my ($tag) = @_;
@@ -283,8 +295,22 @@ our $ManyConfig = q{
         proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/slow;
     }
 
+    location = /m/full {
+        idempotency on;
+        idempotency_lock_ttl 20s;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/slow-full;
+    }
+
     location = /backend {
         return 201 '{"id":"$http_idempotency_key","status":"created"}\n';
+    }
+
+    # 1 to 2 s for the response: 100 bytes go at once, the rest in the
+    # next second (limit_rate counts the header too)
+    location = /slow-full {
+        access_log logs/error.log exec;
+        limit_rate 100;
+        return 201 "stored after Redis had room again ($http_idempotency_key)\n";
     }
 
     location = /slow {
@@ -661,7 +687,7 @@ for my $part ('cd', 'ef', 'gh') {
 my ($st, $head, $body) = main::read_response($sock);
 Test::More::is($st, 201, 'the slow request runs once its body is complete');
 Test::More::is($body, "ran $key 8\n", 'with its whole body');
-Test::More::is(main::redis('HGET', $::Base . $key, 'state'), 'done',
+Test::More::ok(main::wait_state($::Base . $key, 'done', 2 * $::Slow),
                'and is recorded');
 --- raw_request eval
 main::raw_post('/k', ['Idempotency-Key: slow-other'])
@@ -788,7 +814,43 @@ Idempotency-Key: many-inflight
 
 
 
-=== TEST 22: Redis characters: key chr-ab runs and is recorded
+=== TEST 22: many keys: a response that completes while Redis is full (maxmemory, noeviction) is stored once Redis has room again
+# Redis refuses every write with OOM once used_memory is over maxmemory, the
+# store of a request claimed just before included: it is kept and retried
+# until the lock TTL ends, as after a restart, not dropped (which would let
+# a retry run the operation again once the claim expired)
+--- init
+my $rkey = $::Base . 'many-full';
+main::redis('CONFIG', 'SET', 'maxmemory', 0);
+main::first_request('/m/full', 'many-full', 0, 0.3);
+Test::More::is(main::redis('HGET', $rkey, 'state'), 'inflight',
+               'claimed before Redis is full');
+main::redis('CONFIG', 'SET', 'maxmemory', 1);
+Time::HiRes::sleep(2.5 * $::Slow);
+my $state = main::redis('HGET', $rkey, 'state');
+main::redis('CONFIG', 'SET', 'maxmemory', 0);
+Test::More::is($state, 'inflight', 'Redis refused the store while full');
+Test::More::ok(main::wait_state($rkey, 'done', 4 * $::Slow),
+               'stored once Redis had room again');
+--- request
+POST /m/full
+x
+--- more_headers
+Idempotency-Key: many-full
+--- error_code: 201
+--- response_headers
+Idempotent-Replayed: true
+--- response_body
+stored after Redis had room again (many-full)
+--- error_log
+(Redis is out of memory (maxmemory)), kept for a retry
+--- grep_error_log eval: qr/EXEC POST \S+ key=many-full/
+--- grep_error_log_out
+EXEC POST /slow-full key=many-full
+
+
+
+=== TEST 23: Redis characters: key chr-ab runs and is recorded
 --- http_config eval: $::HttpConfig
 --- config eval: $::CharConfig
 --- raw_request eval
@@ -804,7 +866,7 @@ EXEC POST /backend key=chr-ab
 
 
 
-=== TEST 23: Redis characters: key chr-a* is its own record: it runs, it is not a glob that finds chr-ab
+=== TEST 24: Redis characters: key chr-a* is its own record: it runs, it is not a glob that finds chr-ab
 --- raw_request eval
 main::raw_post('/c', ['Idempotency-Key: chr-a*'])
 --- error_code: 201
@@ -819,7 +881,7 @@ EXEC POST /backend key=chr-a*
 
 
 
-=== TEST 24: Redis characters: chr-ab still replays its own response after chr-a*
+=== TEST 25: Redis characters: chr-ab still replays its own response after chr-a*
 --- raw_request eval
 main::raw_post('/c', ['Idempotency-Key: chr-ab'])
 --- error_code: 201
@@ -830,7 +892,7 @@ ran [chr-ab]
 
 
 
-=== TEST 25: Redis characters: glob, hash-tag, quote, backslash and shell characters are stored under their exact bytes
+=== TEST 26: Redis characters: glob, hash-tag, quote, backslash and shell characters are stored under their exact bytes
 --- init
 for my $key (@::RedisChars[2 .. $#::RedisChars]) {
     my ($st, $head, $body) =
@@ -860,7 +922,7 @@ ran [chr-a*]
 
 
 
-=== TEST 26: Redis characters: a quoted key with spaces, a quote and a backslash is stored decoded, exactly
+=== TEST 27: Redis characters: a quoted key with spaces, a quote and a backslash is stored decoded, exactly
 --- raw_request eval
 main::raw_post('/c', ['Idempotency-Key: "chr-sp ace \"q\" \\\\b"'])
 --- error_code: 201
@@ -873,7 +935,7 @@ EXEC POST /backend key=\x22chr-sp ace
 
 
 
-=== TEST 27: Redis characters: the record of the quoted key has the decoded name; spaces and tabs around a bare key are not part of it
+=== TEST 28: Redis characters: the record of the quoted key has the decoded name; spaces and tabs around a bare key are not part of it
 --- init
 Test::More::is(main::redis('HGET', $::Base . 'chr-sp ace "q" \\b', 'state'),
                'done', 'the decoded key is the Redis key');
@@ -886,7 +948,7 @@ X-Idempotency-Key: [chr-around]
 
 
 
-=== TEST 28: HTTP characters: a CR inside the key is nginx's own 400, the module never sees it
+=== TEST 29: HTTP characters: a CR inside the key is nginx's own 400, the module never sees it
 --- raw_request eval
 main::raw_post('/c', ["Idempotency-Key: chr-cr\rinside"])
 --- error_code: 400
@@ -900,7 +962,7 @@ qr/EXEC POST \S+ key=chr-(?:cr|nul|fold)/
 
 
 
-=== TEST 29: HTTP characters: a NUL inside the key is nginx's own 400
+=== TEST 30: HTTP characters: a NUL inside the key is nginx's own 400
 --- raw_request eval
 main::raw_post('/c', ["Idempotency-Key: chr-nul\0inside"])
 --- error_code: 400
@@ -913,7 +975,7 @@ qr/EXEC POST \S+ key=chr-(?:cr|nul|fold)/
 
 
 
-=== TEST 30: HTTP characters: a folded key line (obs-fold) is nginx's own 400
+=== TEST 31: HTTP characters: a folded key line (obs-fold) is nginx's own 400
 --- raw_request eval
 main::raw_post('/c', ["Idempotency-Key: chr-fold", " continued"])
 --- error_code: 400
@@ -924,7 +986,7 @@ qr/EXEC POST \S+ key=chr-(?:cr|nul|fold)/
 
 
 
-=== TEST 31: HTTP characters: a bare LF ends the key line: the key is what came before it, the rest is another header
+=== TEST 32: HTTP characters: a bare LF ends the key line: the key is what came before it, the rest is another header
 --- raw_request eval
 main::raw_post('/c', ["Idempotency-Key: chr-lf\nX-After-LF: 1"])
 --- error_code: 201
@@ -936,7 +998,7 @@ ran [chr-lf]
 
 
 
-=== TEST 32: HTTP characters: no record name holds a CR, LF, NUL or tab, and none was made for a rejected key
+=== TEST 33: HTTP characters: no record name holds a CR, LF, NUL or tab, and none was made for a rejected key
 --- init
 my @keys = main::recorded_keys('chr-');
 Test::More::is(scalar(grep { /[\r\n\0\t]/ } @keys), 0,
