@@ -258,6 +258,8 @@ our $LengthConfig = q{
 };
 
 our $BodyConfig = q{
+    client_header_timeout $TEST_NGINX_BODY_TIMEOUT;
+
     location = /b {
         idempotency on;
         client_max_body_size 1k;
@@ -756,7 +758,37 @@ EXEC POST /backend key=slow-hangup
 
 
 
-=== TEST 20: many keys: 2000 distinct keys from one client make 2000 records, each with idempotency_ttl as its TTL
+=== TEST 20: slow headers: a client that never finishes its headers is closed after client_header_timeout; the module never sees it
+# the classic slowloris: the key header is there, the blank line never
+# comes; meanwhile another client is served at once
+--- init
+my $sock = main::connect_nginx();
+print $sock "POST /b HTTP/1.1\r\nHost: localhost\r\n"
+            . "Idempotency-Key: slow-headers\r\nX-Drip: 1\r\n";
+Time::HiRes::sleep(0.2 * $::Slow);
+my $t0 = Time::HiRes::time();
+my ($st) = main::http(main::raw_post('/k', ['Idempotency-Key: slow-beside']));
+Test::More::is($st, 201, 'another request is served while the headers stall');
+Test::More::cmp_ok(Time::HiRes::time() - $t0, '<', 0.5 * $::Slow,
+                   'at once');
+my ($stalled) = main::read_response($sock);
+Test::More::is($stalled, 0, 'nginx closes the stalled connection, no response');
+Test::More::is(main::redis('EXISTS', $::Base . 'slow-headers'), 0,
+               'no record');
+--- raw_request eval
+main::raw_post('/b', ['Idempotency-Key: slow-headers'])
+--- error_code: 201
+--- response_headers
+X-Idempotency-Status: MISS
+--- error_log
+client timed out (110: Connection timed out) while reading client request headers
+--- grep_error_log eval: qr/EXEC POST \S+ key=slow-headers/
+--- grep_error_log_out
+EXEC POST /backend key=slow-headers
+
+
+
+=== TEST 21: many keys: 2000 distinct keys from one client make 2000 records, each with idempotency_ttl as its TTL
 --- http_config eval: $::HttpConfig
 --- config eval: $::ManyConfig
 --- init
@@ -796,7 +828,7 @@ Idempotent-Replayed: true
 
 
 
-=== TEST 21: many keys: a claim in flight expires by itself too, after idempotency_lock_ttl
+=== TEST 22: many keys: a claim in flight expires by itself too, after idempotency_lock_ttl
 --- init
 main::first_request('/m/slow', 'many-inflight', 0.3, 0.1);
 my $rkey = $::Base . 'many-inflight';
@@ -814,7 +846,7 @@ Idempotency-Key: many-inflight
 
 
 
-=== TEST 22: many keys: a response that completes while Redis is full (maxmemory, noeviction) is stored once Redis has room again
+=== TEST 23: many keys: a response that completes while Redis is full (maxmemory, noeviction) is stored once Redis has room again
 # Redis refuses every write with OOM once used_memory is over maxmemory, the
 # store of a request claimed just before included: it is kept and retried
 # until the lock TTL ends, as after a restart, not dropped (which would let
@@ -850,7 +882,7 @@ EXEC POST /slow-full key=many-full
 
 
 
-=== TEST 23: Redis characters: key chr-ab runs and is recorded
+=== TEST 24: Redis characters: key chr-ab runs and is recorded
 --- http_config eval: $::HttpConfig
 --- config eval: $::CharConfig
 --- raw_request eval
@@ -866,7 +898,7 @@ EXEC POST /backend key=chr-ab
 
 
 
-=== TEST 24: Redis characters: key chr-a* is its own record: it runs, it is not a glob that finds chr-ab
+=== TEST 25: Redis characters: key chr-a* is its own record: it runs, it is not a glob that finds chr-ab
 --- raw_request eval
 main::raw_post('/c', ['Idempotency-Key: chr-a*'])
 --- error_code: 201
@@ -881,7 +913,7 @@ EXEC POST /backend key=chr-a*
 
 
 
-=== TEST 25: Redis characters: chr-ab still replays its own response after chr-a*
+=== TEST 26: Redis characters: chr-ab still replays its own response after chr-a*
 --- raw_request eval
 main::raw_post('/c', ['Idempotency-Key: chr-ab'])
 --- error_code: 201
@@ -892,7 +924,7 @@ ran [chr-ab]
 
 
 
-=== TEST 26: Redis characters: glob, hash-tag, quote, backslash and shell characters are stored under their exact bytes
+=== TEST 27: Redis characters: glob, hash-tag, quote, backslash and shell characters are stored under their exact bytes
 --- init
 for my $key (@::RedisChars[2 .. $#::RedisChars]) {
     my ($st, $head, $body) =
@@ -922,7 +954,7 @@ ran [chr-a*]
 
 
 
-=== TEST 27: Redis characters: a quoted key with spaces, a quote and a backslash is stored decoded, exactly
+=== TEST 28: Redis characters: a quoted key with spaces, a quote and a backslash is stored decoded, exactly
 --- raw_request eval
 main::raw_post('/c', ['Idempotency-Key: "chr-sp ace \"q\" \\\\b"'])
 --- error_code: 201
@@ -935,7 +967,7 @@ EXEC POST /backend key=\x22chr-sp ace
 
 
 
-=== TEST 28: Redis characters: the record of the quoted key has the decoded name; spaces and tabs around a bare key are not part of it
+=== TEST 29: Redis characters: the record of the quoted key has the decoded name; spaces and tabs around a bare key are not part of it
 --- init
 Test::More::is(main::redis('HGET', $::Base . 'chr-sp ace "q" \\b', 'state'),
                'done', 'the decoded key is the Redis key');
@@ -948,7 +980,7 @@ X-Idempotency-Key: [chr-around]
 
 
 
-=== TEST 29: HTTP characters: a CR inside the key is nginx's own 400, the module never sees it
+=== TEST 30: HTTP characters: a CR inside the key is nginx's own 400, the module never sees it
 --- raw_request eval
 main::raw_post('/c', ["Idempotency-Key: chr-cr\rinside"])
 --- error_code: 400
@@ -962,7 +994,7 @@ qr/EXEC POST \S+ key=chr-(?:cr|nul|fold)/
 
 
 
-=== TEST 30: HTTP characters: a NUL inside the key is nginx's own 400
+=== TEST 31: HTTP characters: a NUL inside the key is nginx's own 400
 --- raw_request eval
 main::raw_post('/c', ["Idempotency-Key: chr-nul\0inside"])
 --- error_code: 400
@@ -975,7 +1007,7 @@ qr/EXEC POST \S+ key=chr-(?:cr|nul|fold)/
 
 
 
-=== TEST 31: HTTP characters: a folded key line (obs-fold) is nginx's own 400
+=== TEST 32: HTTP characters: a folded key line (obs-fold) is nginx's own 400
 --- raw_request eval
 main::raw_post('/c', ["Idempotency-Key: chr-fold", " continued"])
 --- error_code: 400
@@ -986,7 +1018,7 @@ qr/EXEC POST \S+ key=chr-(?:cr|nul|fold)/
 
 
 
-=== TEST 32: HTTP characters: a bare LF ends the key line: the key is what came before it, the rest is another header
+=== TEST 33: HTTP characters: a bare LF ends the key line: the key is what came before it, the rest is another header
 --- raw_request eval
 main::raw_post('/c', ["Idempotency-Key: chr-lf\nX-After-LF: 1"])
 --- error_code: 201
@@ -998,7 +1030,7 @@ ran [chr-lf]
 
 
 
-=== TEST 33: HTTP characters: no record name holds a CR, LF, NUL or tab, and none was made for a rejected key
+=== TEST 34: HTTP characters: no record name holds a CR, LF, NUL or tab, and none was made for a rejected key
 --- init
 my @keys = main::recorded_keys('chr-');
 Test::More::is(scalar(grep { /[\r\n\0\t]/ } @keys), 0,
