@@ -26,6 +26,7 @@ use Time::HiRes ();
 $ENV{TEST_NGINX_REDIS_PORT} ||= 6379;
 $ENV{TEST_NGINX_PREFIX} ||= "t100-$$-" . time() . ":";
 $ENV{TEST_NGINX_BODY_TIMEOUT} = 1 * $Slow;
+$ENV{TEST_NGINX_FULL_RATE} = int(100 / $Slow);
 
 our $HttpConfig = qq{
     log_format exec 'EXEC \$request_method \$uri key=\$http_idempotency_key';
@@ -113,6 +114,22 @@ sub wait_state {
     return 0;
 }
 
+# true once a line of nginx's error log matches $re, false after $secs
+sub wait_log {
+    my ($re, $secs) = @_;
+    my $file = "$ENV{TEST_NGINX_SERVER_ROOT}/logs/error.log";
+    my $end = Time::HiRes::time() + $secs;
+    while (Time::HiRes::time() < $end) {
+        if (open my $fh, '<', $file) {
+            while (<$fh>) {
+                return 1 if $_ =~ $re;
+            }
+        }
+        Time::HiRes::sleep(0.1);
+    }
+    return 0;
+}
+
 # the idempotency keys (without prefix and scope) recorded under $tag
 sub recorded_keys {
     my ($tag) = @_;
@@ -157,6 +174,19 @@ sub read_response {
     my ($head, $body) = split /\r\n\r\n/, $raw, 2;
     my ($status) = ($head // '') =~ m{\AHTTP/1\.1 (\d{3})};
     return ($status // 0, $head // '', $body // '');
+}
+
+# Waits until a just started worker has its Redis connection (it is opened
+# asynchronously: under valgrind the first requests can get 503), with
+# POSTs to $uri under keys "warm-N".
+sub redis_ready {
+    my ($uri) = @_;
+    for my $i (1 .. 50) {
+        my ($st) = http(raw_post($uri, ["Idempotency-Key: warm-$i"]));
+        return if $st != 503;
+        Time::HiRes::sleep(0.2);
+    }
+    die "no Redis connection after 50 tries\n";
 }
 
 # $n requests on keep-alive connections, one after the other; $make->($i)
@@ -311,7 +341,7 @@ our $ManyConfig = q{
     # next second (limit_rate counts the header too)
     location = /slow-full {
         access_log logs/error.log exec;
-        limit_rate 100;
+        limit_rate $TEST_NGINX_FULL_RATE;
         return 201 "stored after Redis had room again ($http_idempotency_key)\n";
     }
 
@@ -514,6 +544,7 @@ EXEC POST /backend key=hdr-uri-8300
 --- http_config eval: $::HttpConfig
 --- config eval: $::LengthConfig
 --- init
+main::redis_ready('/len');
 my @cases = (
     # location, key as sent, decoded key or undef when rejected
     ['/len', 'k', 'k'],
@@ -792,6 +823,7 @@ EXEC POST /backend key=slow-headers
 --- http_config eval: $::HttpConfig
 --- config eval: $::ManyConfig
 --- init
+main::redis_ready('/m');
 my $n = 2000;
 my @st = main::keepalive_run($n, sub {
     my $key = sprintf 'many-%05d', $_[0];
@@ -854,11 +886,12 @@ Idempotency-Key: many-inflight
 --- init
 my $rkey = $::Base . 'many-full';
 main::redis('CONFIG', 'SET', 'maxmemory', 0);
-main::first_request('/m/full', 'many-full', 0, 0.3);
-Test::More::is(main::redis('HGET', $rkey, 'state'), 'inflight',
+main::first_request('/m/full', 'many-full', 0, 0);
+Test::More::ok(main::wait_state($rkey, 'inflight', 1 * $::Slow),
                'claimed before Redis is full');
 main::redis('CONFIG', 'SET', 'maxmemory', 1);
-Time::HiRes::sleep(2.5 * $::Slow);
+main::wait_log(qr/\(Redis is out of memory \(maxmemory\)\), kept for a retry/,
+               4 * $::Slow);
 my $state = main::redis('HGET', $rkey, 'state');
 main::redis('CONFIG', 'SET', 'maxmemory', 0);
 Test::More::is($state, 'inflight', 'Redis refused the store while full');
