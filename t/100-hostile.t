@@ -1065,12 +1065,43 @@ ran [chr-lf]
 
 
 
-=== TEST 34: HTTP characters: no record name holds a CR, LF, NUL or tab, and none was made for a rejected key
+=== TEST 34: HTTP characters: what nginx lets through but the key syntax refuses (obs-text, tab, DEL, controls inside quotes) is a 400 invalid-key problem
+# t/070-contract.t has these in the bare form; here inside the quoted form,
+# and keys that are nothing but such bytes
+--- init
+for my $c (["chr-q-tab", "\"chr-q-tab\tx\""],
+           ["chr-q-obs", "\"chr-q-obs\xe9\""],
+           ["chr-q-obs-ff", "\"chr-q-obs\xff\""],
+           ["chr-q-del", "\"chr-q-del\x7f\""],
+           ["chr-q-ctl", "\"chr-q-ctl\x01\""],
+           ["chr-obs-only", "\x80\x81"],
+           ["chr-tab-only", "\t"]) {
+    my ($what, $sent) = @$c;
+    my ($st, $head, $body) =
+        main::http(main::raw_post('/c', ["Idempotency-Key: $sent"]));
+    Test::More::is($st, 400, "$what: 400");
+    Test::More::like($body, main::problem('invalid-key', 400),
+                     "$what: invalid-key problem");
+}
+--- raw_request eval
+main::raw_post('/c', ["Idempotency-Key: \"chr-q-sp\xa0\""])
+--- error_code: 400
+--- response_headers
+Content-Type: application/problem+json
+X-Idempotency-Status: INVALID
+--- response_body_like eval
+main::problem('invalid-key', 400)
+--- no_error_log eval
+qr/EXEC POST \S+ key=\S*chr-q-/
+
+
+
+=== TEST 35: HTTP characters: no record name holds a CR, LF, NUL or tab, and none was made for a rejected key
 --- init
 my @keys = main::recorded_keys('chr-');
 Test::More::is(scalar(grep { /[\r\n\0\t]/ } @keys), 0,
                'no CR, LF, NUL or tab in any record name');
-Test::More::is(scalar(grep { /^chr-(?:cr|nul|fold)/ } @keys), 0,
+Test::More::is(scalar(grep { /^chr-(?:cr|nul|fold|q-)/ } @keys), 0,
                'no record for a key nginx rejected');
 --- raw_request eval
 main::raw_post('/c', ["Idempotency-Key: chr-lf"])
