@@ -239,6 +239,8 @@ static ngx_http_idempotency_redis_transient_t
     { ngx_string("MASTERDOWN"), "Redis lost its master" },
     { ngx_string("CLUSTERDOWN"), "the Redis cluster is down" },
     { ngx_string("NOREPLICAS"), "Redis has too few replicas to write" },
+    /* maxmemory with noeviction: room comes back as records expire */
+    { ngx_string("OOM"), "Redis is out of memory (maxmemory)" },
     { ngx_null_string, NULL }
 };
 
