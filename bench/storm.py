@@ -913,8 +913,8 @@ SCENARIOS = EVENT_SCENARIOS + STEADY_SCENARIOS
 
 
 class Chaos:
-    """A thread that injects the event scenarios while keys are still being
-    started: the first after --chaos-start, then one every --chaos-interval
+    """A thread that injects the event scenarios while the clients run:
+    the first after --chaos-start, then one every --chaos-interval
     (after the previous one is over), --chaos-events of each, in turn.  The
     steady scenarios (upstream-reset, client-disconnect) are on for the
     whole storm and need no thread.
@@ -959,8 +959,7 @@ class Chaos:
             self.thread.join(seconds)
 
     def storm_busy(self):
-        return not self.storm.stop.is_set() and not self.storm.done() \
-            and self.storm.progress() < len(self.storm.keys)
+        return not self.storm.stop.is_set() and not self.storm.done()
 
     def note(self, scenario, detail, ok=True):
         t = time.monotonic() - self.t0
