@@ -565,11 +565,12 @@ class Nginx:
 
 
 class PrivateRedis:
-    """A redis-server of our own.  With aof, every write is fsynced before
-    it is acknowledged (appendonly yes, appendfsync always), so a SIGKILL
-    loses no claim that nginx saw."""
+    """A redis-server of our own.  aof is None (no persistence) or the
+    appendfsync policy of appendonly yes: with "always" every write is
+    fsynced before it is acknowledged, so not even a host crash loses a
+    claim that nginx saw."""
 
-    def __init__(self, workdir, aof=False):
+    def __init__(self, workdir, aof=None):
         self.dir = workdir
         self.aof = aof
         self.proc = None
@@ -580,7 +581,7 @@ class PrivateRedis:
         argv = [self.binary, "--bind", "127.0.0.1", "--port", str(self.port),
                 "--save", "", "--dir", self.dir, "--daemonize", "no"]
         if self.aof:
-            argv += ["--appendonly", "yes", "--appendfsync", "always"]
+            argv += ["--appendonly", "yes", "--appendfsync", self.aof]
         else:
             argv += ["--appendonly", "no"]
         return argv
@@ -1022,8 +1023,8 @@ class Chaos:
         self.note("redis-kill", "SIGKILL, restarted after %.1fs, answering "
                   "after %.1fs (%s)" % (self.opts.redis_down,
                                         time.monotonic() - t,
-                                        "AOF appendfsync always"
-                                        if self.redis.aof
+                                        "AOF appendfsync %s"
+                                        % self.redis.aof if self.redis.aof
                                         else "no persistence"), ok)
 
     def redis_stall(self):
@@ -1133,7 +1134,7 @@ def judge(storm, executions, meta, lenient):
 LOG_EVENTS = (
     ("recorded after the client went away", "the rest of the response is "
      "read for the record only"),
-    ("store/release kept for a retry", "kept for a retry"),
+    ("store/release kept for a retry", "kept for a retry for up to"),
     ("settled after a retry", "succeeded after a retry"),
     ("given up", "idempotency: gave up"),
     ("claim lost", "was lost"),
@@ -1278,6 +1279,10 @@ def parse_args(argv):
     chaos.add_argument("--no-aof", action="store_true",
                        help="redis-kill: run Redis without persistence "
                        "(shows what a restart does to claims)")
+    chaos.add_argument("--appendfsync", choices=("always", "everysec",
+                                                 "no"), default="always",
+                       help="redis-kill: appendfsync of the AOF (default "
+                       "always)")
     chaos.add_argument("--redis-down", type=parse_time, default=0.5,
                        metavar="TIME", help="redis-kill: restart after "
                        "TIME (default 500ms)")
@@ -1438,8 +1443,9 @@ def main(argv):
                 redis_ping(used_redis_port, 5)
             elif not opts.redis_directive:
                 redis = PrivateRedis(os.path.join(workdir, "redis"),
-                                     aof="redis-kill" in opts.chaos
-                                     and not opts.no_aof)
+                                     aof=opts.appendfsync
+                                     if "redis-kill" in opts.chaos
+                                     and not opts.no_aof else None)
                 redis.start()
                 used_redis_port = redis.port
                 redis_ping(used_redis_port, 10)
@@ -1476,8 +1482,9 @@ def main(argv):
                                ":%d" % used_redis_port if used_redis_port
                                else "-",
                                "given directive" if opts.redis_directive
-                               else ("private, AOF appendfsync always"
-                                     if redis.aof else "private")
+                               else ("private, AOF appendfsync %s"
+                                     % redis.aof if redis.aof
+                                     else "private")
                                if redis else "given",
                                upstream.port, workdir), flush=True)
         print("storm: idempotency_redis %s; idempotency_lock_ttl %s"
@@ -1660,6 +1667,14 @@ def main(argv):
                   "%d failed" % (stats["hangups_mid_request"],
                                  stats["hangups_after_answer"],
                                  stats["hangups_failed"]))
+        held = [v[0] for v in verdicts if any(
+            r is not None and r.elapsed >= 0.9 * opts.lock_ttl
+            for r in (v[3] or []))]
+        if held:
+            print("held to lock TTL:   %d keys had a client busy for 90 %% "
+                  "of the lock TTL or more (%s)"
+                  % (len(held), " ".join(held[:5])
+                     + (" ..." if len(held) > 5 else "")))
         if killed:
             print("killed workers:     %s; keys they ran and nobody got "
                   "the answer of: %d" % (" ".join(sorted(killed)), orphaned))
