@@ -1671,7 +1671,7 @@ def main(argv):
             r is not None and r.elapsed >= 0.9 * opts.lock_ttl
             for r in (v[3] or []))]
         if held:
-            print("held to lock TTL:   %d keys had a client busy for 90 %% "
+            print("long waits:         %d keys had a client busy for 90 %% "
                   "of the lock TTL or more (%s)"
                   % (len(held), " ".join(held[:5])
                      + (" ..." if len(held) > 5 else "")))
