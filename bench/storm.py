@@ -908,7 +908,8 @@ class Storm:
 # --------------------------------------------------------------------------
 # chaos: faults injected while the storm runs
 
-EVENT_SCENARIOS = ("redis-kill", "redis-stall", "reload", "worker-kill")
+EVENT_SCENARIOS = ("redis-kill", "redis-stall", "reload", "worker-kill",
+                   "exec")
 STEADY_SCENARIOS = ("upstream-reset", "client-disconnect")
 SCENARIOS = EVENT_SCENARIOS + STEADY_SCENARIOS
 
@@ -995,6 +996,8 @@ class Chaos:
                     self.note(scenario, "node %d reloaded, new workers %s"
                               % (ng.node, " ".join(str(p) for p, _ in
                                                    ng.workers)), ok)
+                elif scenario == "exec":
+                    self.run_command()
                 elif scenario == "worker-kill":
                     ng = self.nginxes[node % len(self.nginxes)]
                     node += 1
@@ -1026,6 +1029,33 @@ class Chaos:
                                         "AOF appendfsync %s"
                                         % self.redis.aof if self.redis.aof
                                         else "no persistence"), ok)
+
+    def run_command(self):
+        """--chaos-exec: someone else's fault (a Sentinel failover, a
+        Cluster resharding), run by /bin/sh, at most 120 s, with
+        STORM_NGINX_PORTS, STORM_NGINX_PIDS (masters) and STORM_REDIS_PORT
+        in its environment."""
+        t = time.monotonic()
+        env = dict(os.environ,
+                   STORM_NGINX_PORTS=" ".join(str(ng.port)
+                                              for ng in self.nginxes),
+                   STORM_NGINX_PIDS=" ".join(str(ng.proc.pid)
+                                             for ng in self.nginxes
+                                             if ng.proc is not None),
+                   STORM_REDIS_PORT=str(self.redis_port or ""))
+        try:
+            p = subprocess.run(["/bin/sh", "-c", self.opts.chaos_exec],
+                               env=env, stdin=subprocess.DEVNULL,
+                               stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, timeout=120)
+            out = p.stdout.decode("utf-8", "replace").strip()
+            ok = p.returncode == 0
+            detail = "exit %d" % p.returncode
+        except subprocess.TimeoutExpired:
+            out, ok, detail = "", False, "still running after 120 s"
+        self.note("exec", "%r: %s after %.1fs%s" % (
+            self.opts.chaos_exec, detail, time.monotonic() - t,
+            ": " + short(out, 200) if out else ""), ok)
 
     def redis_stall(self):
         ms = int(self.opts.stall * 1000)
@@ -1276,6 +1306,11 @@ def parse_args(argv):
                        "(default 2s)")
     chaos.add_argument("--chaos-events", type=int, default=2, metavar="N",
                        help="events of each event scenario (default 2)")
+    chaos.add_argument("--chaos-exec", metavar="CMD",
+                       help="exec: the shell command each event runs (e.g. "
+                       "a Sentinel failover), with STORM_NGINX_PORTS, "
+                       "STORM_NGINX_PIDS and STORM_REDIS_PORT set; it fails "
+                       "the run unless it exits 0 within 120 s")
     chaos.add_argument("--no-aof", action="store_true",
                        help="redis-kill: run Redis without persistence "
                        "(shows what a restart does to claims)")
@@ -1339,6 +1374,8 @@ def parse_args(argv):
             p.error("unknown --chaos %r (one of %s)" % (n,
                                                        ", ".join(SCENARIOS)))
     o.chaos = [n for n in SCENARIOS if n in o.chaos]
+    if ("exec" in o.chaos) != bool(o.chaos_exec):
+        p.error("--chaos exec and --chaos-exec CMD go together")
     own_redis = [n for n in o.chaos if n in ("redis-kill", "redis-stall")]
     if own_redis and (o.redis_port or o.redis_directive):
         p.error("--chaos %s needs the storm's own Redis: drop --redis-port "
