@@ -23,7 +23,8 @@ Redis is SIGKILLed and restarted (redis-kill, with AOF appendfsync always),
 paused longer than the module's command timeout (redis-stall), nginx is
 reloaded (reload) or loses a worker to SIGKILL (worker-kill), the upstream
 resets or stalls after doing the work (upstream-reset), clients hang up
-mid-request and retry (client-disconnect).  A key still fails when it ran
+mid-request and retry (client-disconnect), or a command of yours runs
+(exec: a Sentinel failover, a resharding).  A key still fails when it ran
 twice or two clients ended with different answers; a client that gave up
 (only 409/503/network errors until its patience ran out) is counted, not
 failed.  --nodes N storms N nginx instances sharing one Redis, the clients
