@@ -1532,16 +1532,18 @@ ngx_http_idempotency_redis_redirect(ngx_http_idempotency_redis_op_t *op,
         return NGX_DECLINED;
     }
 
-    if (op->redirects++ == NGX_HTTP_IDEMPOTENCY_REDIS_REDIRECTS_MAX) {
+    if (op->redirects == NGX_HTTP_IDEMPOTENCY_REDIS_REDIRECTS_MAX) {
         ngx_log_error(NGX_LOG_ERR, op->node->log, 0,
-                      "idempotency redis: \"%V\" %s of \"%V\" was "
-                      "redirected %ui times, the last time with \"%*s\"",
+                      "idempotency redis: \"%V\" %s of \"%V\" not "
+                      "redirected again after %ui redirects: \"%*s\"",
                       &op->node->name,
                       ngx_http_idempotency_redis_scripts[op->info.script].name,
                       &op->info.key, op->redirects, (size_t) reply->len,
                       reply->str);
         return NGX_DECLINED;
     }
+
+    op->redirects++;
 
     ngx_log_debug4(NGX_LOG_DEBUG_HTTP, op->node->log, 0,
                    "idempotency redis: \"%V\" op:%p \"%*s\"",
