@@ -196,6 +196,14 @@ ngx_http_idempotency_cluster_node(ngx_http_idempotency_cluster_t *cl,
 
 
 ngx_http_idempotency_redis_node_t *
+ngx_http_idempotency_cluster_owner(ngx_http_idempotency_cluster_t *cl,
+    ngx_str_t *key)
+{
+    return cl->slots[ngx_http_idempotency_slot(key->data, key->len)];
+}
+
+
+ngx_http_idempotency_redis_node_t *
 ngx_http_idempotency_cluster_redirect(ngx_http_idempotency_cluster_t *cl,
     ngx_http_idempotency_redis_node_t *from, const char *str, size_t len,
     ngx_uint_t *asking)
@@ -467,9 +475,10 @@ ngx_http_idempotency_cluster_slots_reply(redisAsyncContext *ac, void *r,
     void *privdata)
 {
     ngx_str_t                             host;
+    ngx_uint_t                            i, n;
     redisReply                           *reply = r;
     ngx_http_idempotency_cluster_t       *cl = privdata;
-    ngx_http_idempotency_cluster_node_t  *from;
+    ngx_http_idempotency_cluster_node_t  *from, *cn;
 
     if (cl->exiting || !cl->refreshing || ac != cl->asked) {
         return;
@@ -514,6 +523,15 @@ ngx_http_idempotency_cluster_slots_reply(redisAsyncContext *ac, void *r,
 
     if (cl->wanted) {
         ngx_add_timer(&cl->timer, NGX_HTTP_IDEMPOTENCY_CLUSTER_REFRESH_MIN);
+    }
+
+    /* commands kept for a retry follow their slots (a failover) */
+
+    n = cl->nodes.nelts;
+
+    for (i = 0; i < n; i++) {
+        cn = (ngx_http_idempotency_cluster_node_t *) cl->nodes.elts + i;
+        ngx_http_idempotency_redis_node_reroute(cn->node);
     }
 }
 

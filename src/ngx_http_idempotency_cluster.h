@@ -25,6 +25,10 @@ void ngx_http_idempotency_cluster_exit(ngx_http_idempotency_cluster_t *cl);
 ngx_http_idempotency_redis_node_t *ngx_http_idempotency_cluster_node(
     ngx_http_idempotency_cluster_t *cl, ngx_str_t *key);
 
+/* the master of the key's slot in the map, or NULL if not known */
+ngx_http_idempotency_redis_node_t *ngx_http_idempotency_cluster_owner(
+    ngx_http_idempotency_cluster_t *cl, ngx_str_t *key);
+
 /*
  * For an error reply of "from": the node named by a MOVED (which updates
  * the map and asks for a new one) or an ASK (*asking set; the map is

@@ -1623,6 +1623,67 @@ ngx_http_idempotency_redis_node_name(ngx_http_idempotency_redis_node_t *node)
 }
 
 
+/*
+ * Redis Cluster: the slot map changed.  Parked ops whose record now lives
+ * on another master (after a failover, the old one may never come back)
+ * move there: sent now if it has a connection, else parked there.
+ */
+
+void
+ngx_http_idempotency_redis_node_reroute(
+    ngx_http_idempotency_redis_node_t *node)
+{
+    const char                         *reason;
+    ngx_queue_t                        *q, *next;
+    ngx_http_idempotency_redis_op_t    *op;
+    ngx_http_idempotency_redis_node_t  *target;
+
+    for (q = ngx_queue_head(&node->parked);
+         q != ngx_queue_sentinel(&node->parked);
+         q = next)
+    {
+        next = ngx_queue_next(q);
+        op = ngx_queue_data(q, ngx_http_idempotency_redis_op_t, queue);
+
+        target = ngx_http_idempotency_cluster_owner(node->conf->cluster,
+                                                    &op->info.key);
+
+        if (target == NULL || target == node || target->exiting) {
+            continue;
+        }
+
+        ngx_log_debug3(NGX_LOG_DEBUG_HTTP, node->log, 0,
+                       "idempotency redis: \"%V\" op:%p moves to \"%V\"",
+                       &node->name, op, &target->name);
+
+        ngx_http_idempotency_redis_unpark(op);
+        ngx_http_idempotency_redis_unkeep(op);
+
+        if (op->timer.timer_set) {
+            ngx_del_timer(&op->timer);
+        }
+
+        op->state = NGX_HTTP_IDEMPOTENCY_REDIS_OP_NEW;
+        op->node = target;
+        op->timer.log = target->log;
+
+        if (ngx_http_idempotency_redis_op_send(op) == NGX_OK) {
+            target->stats.retried++;
+            continue;
+        }
+
+        /* the handler may park new ops here: "next" is still in the queue */
+
+        reason = ngx_http_idempotency_redis_park(op, op->info.error
+                                                     ? op->info.error
+                                                     : "not connected", 0);
+        if (reason) {
+            ngx_http_idempotency_redis_give_up(op, reason);
+        }
+    }
+}
+
+
 /* the op's hiredis callback has come: hiredis holds it no more */
 
 static void

@@ -168,6 +168,9 @@ ngx_str_t *ngx_http_idempotency_redis_node_name(
     ngx_http_idempotency_redis_node_t *node);
 void ngx_http_idempotency_redis_node_exit(
     ngx_http_idempotency_redis_node_t *node);
+/* parked ops whose key's slot is now another node's go there */
+void ngx_http_idempotency_redis_node_reroute(
+    ngx_http_idempotency_redis_node_t *node);
 
 
 #endif /* _NGX_HTTP_IDEMPOTENCY_REDIS_H_INCLUDED_ */

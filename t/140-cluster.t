@@ -30,9 +30,12 @@ use IdemTest;
 use Cwd ();
 use Time::HiRes ();
 use POSIX ();
+use IO::Socket::INET ();
+use Digest::SHA ();
 
 $ENV{TEST_NGINX_PREFIX} ||= "t140-$$-" . time() . ":";
 $ENV{TEST_NGINX_CLUSTER_SEEDS} = $main::Cluster->seeds;
+$ENV{TEST_NGINX_SLOW_PORT} = (IdemCluster::_free_ports(1))[0];
 
 our $HttpConfig = qq{
     log_format exec 'EXEC \$request_method \$uri \$http_idempotency_key';
@@ -45,6 +48,12 @@ our $Config = q{
         idempotency on;
         idempotency_ttl 300s;
         proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
+    }
+
+    location = /slow {
+        idempotency on;
+        idempotency_ttl 300s;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SLOW_PORT;
     }
 
     location = /backend {
@@ -93,6 +102,42 @@ sub keys_on {
     my @k = grep { length } split /\n/,
             $C->cli($i, '--scan', '--pattern', "$ENV{TEST_NGINX_PREFIX}*");
     return scalar @k;
+}
+
+# An upstream for one request on $TEST_NGINX_SLOW_PORT that answers 201
+# only once the file "$go" exists (at most 30 s), and writes a line to
+# "$go.runs" per request it got.
+sub slow_upstream {
+    my ($go) = @_;
+    my $srv = IO::Socket::INET->new(LocalAddr => '127.0.0.1',
+                                    LocalPort => $ENV{TEST_NGINX_SLOW_PORT},
+                                    Listen => 5, ReuseAddr => 1)
+        or die "slow upstream: $!";
+    my $pid = fork();
+    die "fork: $!" unless defined $pid;
+    if ($pid) {
+        close $srv;
+        return $pid;
+    }
+    alarm(40);
+    my $c = $srv->accept or POSIX::_exit(1);
+    my $req = '';
+    while ($req !~ /\r\n\r\n/) {
+        sysread($c, $req, 4096, length $req) or last;
+    }
+    open my $runs, '>>', "$go.runs";
+    print $runs "run\n";
+    close $runs;
+    my $end = time + 30;
+    Time::HiRes::sleep(0.05) while !-e $go && time < $end;
+    print $c "HTTP/1.1 201 Created\r\nContent-Length: 8\r\n"
+             . "Connection: close\r\n\r\ncreated\n";
+    close $c;
+    POSIX::_exit(0);
+}
+
+sub record_key {
+    return $ENV{TEST_NGINX_PREFIX} . Digest::SHA::sha256_hex('') . ":$_[0]";
 }
 
 master_on();
@@ -396,3 +441,76 @@ Idempotency-Key: rs-1
 --- error_code: 201
 --- response_headers
 Idempotent-Replayed: true
+
+
+
+=== TEST 13: failover: a master with a replica is killed while a request is upstream; meanwhile its slots answer 503
+--- init
+# {fo3} is in slot 13551, created on master 2 and moved by no block above
+our $FoSlot = main::keyslot('fo3');
+Test::More::is($main::C->owner($FoSlot), 2, "slot $FoSlot is on master 2");
+our $FoReplica = $main::C->add_replica(2);
+our $FoGo = "$main::C->{dir}/slow-go";
+our $FoPid = main::slow_upstream($FoGo);
+main::first_request('/slow', 'fo-{fo3}-1', undef, 0.5);
+my $rkey = main::record_key('fo-{fo3}-1');
+my $state = '';
+for (1 .. 50) {
+    last if ($state = $main::C->cli_replica($FoReplica, 'HGET', $rkey,
+                                            'state')) eq 'inflight';
+    Time::HiRes::sleep(0.1);
+}
+Test::More::is($state, 'inflight', "the claim reached the replica");
+$main::C->kill_node(2);
+Time::HiRes::sleep(0.3);
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: fo-{fo3}-2
+--- error_code: 503
+
+
+
+=== TEST 14: ... the replica takes over; the kept STORE follows the slot there and the retry is a replay
+--- init
+my $end = time + 30 * $main::Slow;
+Time::HiRes::sleep(0.2)
+    while ($main::C->owner($main::FoSlot, 0) // -1) != $main::FoReplica
+          && time < $end;
+Test::More::is($main::C->owner($main::FoSlot, 0), $main::FoReplica,
+               "the replica is the master of slot $main::FoSlot");
+open my $go, '>', $main::FoGo;
+close $go;
+waitpid($main::FoPid, 0);
+my $rkey = main::record_key('fo-{fo3}-1');
+my $state = '';
+for (1 .. 100) {
+    last if ($state = $main::C->cli($main::FoReplica, 'HGET', $rkey,
+                                    'state')) eq 'done';
+    Time::HiRes::sleep(0.1);
+}
+Test::More::is($state, 'done', "the record was completed on the new master");
+open my $runs, '<', "$main::FoGo.runs";
+my @runs = <$runs>;
+Test::More::is(scalar @runs, 1, "the upstream ran once");
+--- request
+POST /slow
+x
+--- more_headers
+Idempotency-Key: fo-{fo3}-1
+--- error_code: 201
+--- response_headers
+Idempotent-Replayed: true
+
+
+
+=== TEST 15: ... and new keys of those slots run on the new master
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: fo-{fo3}-3
+--- error_code: 201
+--- response_headers
+!Idempotent-Replayed

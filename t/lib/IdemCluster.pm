@@ -61,32 +61,14 @@ sub start {
         pids  => [],
         ports => [],
         owner => $$,
+        masters => $n,
     }, $class;
     push @Live, $self;
 
     my @ports = _free_ports(2 * $n);
 
     for my $i (0 .. $n - 1) {
-        my ($port, $bus) = ($ports[$i], $ports[$n + $i]);
-        my $log = "$self->{dir}/redis-$port.log";
-
-        my $pid = fork();
-        die "fork: $!" unless defined $pid;
-
-        if ($pid == 0) {
-            open STDOUT, '>>', $log or POSIX::_exit(127);
-            open STDERR, '>&', \*STDOUT or POSIX::_exit(127);
-            { exec 'redis-server', '--bind', '127.0.0.1', '--port', $port,
-                 '--cluster-enabled', 'yes', '--cluster-port', $bus,
-                 '--cluster-config-file', "$self->{dir}/nodes-$port.conf",
-                 '--cluster-node-timeout', '5000',
-                 '--appendonly', 'no', '--save', '', '--dir', $self->{dir},
-                 '--daemonize', 'no' };
-            POSIX::_exit(127);
-        }
-
-        push @{ $self->{pids} }, $pid;
-        push @{ $self->{ports} }, $port;
+        $self->_spawn($ports[$i], $ports[$n + $i]);
     }
 
     for my $port (@{ $self->{ports} }) {
@@ -107,12 +89,76 @@ sub start {
         return undef;
     }
 
-    # every master knows every slot owner
     for my $i (0 .. $n - 1) {
         $self->{ids}[$i] = $self->cli($i, 'CLUSTER', 'MYID');
     }
 
     return $self;
+}
+
+# one cluster-enabled redis-server, in the foreground, ours to stop
+sub _spawn {
+    my ($self, $port, $bus) = @_;
+    my $log = "$self->{dir}/redis-$port.log";
+
+    my $pid = fork();
+    die "fork: $!" unless defined $pid;
+
+    if ($pid == 0) {
+        open STDOUT, '>>', $log or POSIX::_exit(127);
+        open STDERR, '>&', \*STDOUT or POSIX::_exit(127);
+        { exec 'redis-server', '--bind', '127.0.0.1', '--port', $port,
+               '--cluster-enabled', 'yes', '--cluster-port', $bus,
+               '--cluster-config-file', "$self->{dir}/nodes-$port.conf",
+               '--cluster-node-timeout', '2000',
+               '--appendonly', 'no', '--save', '', '--dir', $self->{dir},
+               '--daemonize', 'no' };
+        POSIX::_exit(127);
+    }
+
+    push @{ $self->{pids} }, $pid;
+    push @{ $self->{ports} }, $port;
+    return scalar @{ $self->{ports} } - 1;
+}
+
+# a replica of master $m, as node number n() (not a master: not counted
+# by the helpers above that walk the masters 0 .. 2)
+sub add_replica {
+    my ($self, $m) = @_;
+    my ($port, $bus) = _free_ports(2);
+    my $i = $self->_spawn($port, $bus);
+    _wait_for(10, sub { $self->_cli_port($port, 'PING') eq 'PONG' })
+        or die "replica on $port did not start\n";
+    my $out = `redis-cli --cluster add-node 127.0.0.1:$port 127.0.0.1:@{[ $self->port($m) ]} --cluster-slave --cluster-master-id @{[ $self->id($m) ]} 2>&1`;
+    die "add-node: $out\n" if $?;
+    $self->{ids}[$i] = $self->cli($i, 'CLUSTER', 'MYID');
+    _wait_for(20, sub {
+        $self->cli($i, 'INFO', 'replication') =~ /master_link_status:up/
+    }) or die "replica on $port did not sync\n";
+    return $i;
+}
+
+# a read on replica $i (READONLY first, on the same connection)
+sub cli_replica {
+    my ($self, $i, @args) = @_;
+    my $file = "$self->{dir}/replica-cmd";
+    open my $f, '>', $file or die "$file: $!";
+    print $f "READONLY\n", join(' ', map { qq{"$_"} } @args), "\n";
+    close $f;
+    my $port = $self->port($i);
+    my $out = `redis-cli -h 127.0.0.1 -p $port < '$file' 2>/dev/null`;
+    $out =~ s/\A[^\n]*\n//;
+    $out =~ s/\s+\z//;
+    return $out;
+}
+
+# SIGKILL: a crashed master, no goodbye to anyone
+sub kill_node {
+    my ($self, $i) = @_;
+    my $pid = $self->{pids}[$i];
+    kill 'KILL', $pid;
+    waitpid($pid, 0);
+    $self->{dead}{$i} = 1;
 }
 
 sub _wait_for {
@@ -129,7 +175,8 @@ sub _wait_for {
 sub wait_ok {
     my ($self, $seconds) = @_;
     return _wait_for($seconds, sub {
-        for my $port (@{ $self->{ports} }) {
+        for my $i (grep { !$self->{dead}{$_} } 0 .. $#{ $self->{ports} }) {
+            my $port = $self->{ports}[$i];
             my $info = $self->_cli_port($port, 'CLUSTER', 'INFO');
             return 0 unless $info =~ /cluster_state:ok/
                             && $info =~ /cluster_slots_ok:16384/;
@@ -146,7 +193,7 @@ sub _cli_port {
     return $out;
 }
 
-sub n     { scalar @{ $_[0]{ports} } }
+sub n     { $_[0]{masters} }    # masters made by start
 sub port  { $_[0]{ports}[$_[1]] }
 sub id    { $_[0]{ids}[$_[1]] }
 sub seeds { join ' ', map { "127.0.0.1:$_" } @{ $_[0]{ports} }[0, 1] }
@@ -164,7 +211,7 @@ sub owner {
             my ($a, $b) = split /-/, $r;
             $b //= $a;
             if ($slot >= $a && $slot <= $b) {
-                for my $i (0 .. $self->n - 1) {
+                for my $i (0 .. $#{ $self->{ids} }) {
                     return $i if $self->id($i) eq $f[0];
                 }
             }
@@ -204,10 +251,10 @@ sub migrate_finish {
 sub stop {
     my ($self) = @_;
     return if $self->{owner} != $$;     # a forked child never stops it
-    for my $pid (@{ $self->{pids} }) {
-        kill 'TERM', $pid;
-    }
-    for my $pid (@{ $self->{pids} }) {
+    my @pids = map { $self->{pids}[$_] }
+               grep { !$self->{dead}{$_} } 0 .. $#{ $self->{pids} };
+    kill 'TERM', @pids;
+    for my $pid (@pids) {
         my $end = time + 10;
         while (waitpid($pid, POSIX::WNOHANG()) == 0) {
             if (time > $end) {
