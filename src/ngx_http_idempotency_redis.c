@@ -1583,12 +1583,23 @@ ngx_http_idempotency_redis_redirect(ngx_http_idempotency_redis_op_t *op,
 }
 
 
-/* ASKING answers OK; whatever it answers, the command after it tells */
+/* ASKING answers OK; the command after it tells the rest */
 
 static void
 ngx_http_idempotency_redis_asking_reply(redisAsyncContext *ac, void *r,
     void *privdata)
 {
+    redisReply                         *reply = r;
+    ngx_http_idempotency_redis_node_t  *node;
+
+    node = ac->data;
+
+    if (reply && reply->type == REDIS_REPLY_ERROR) {
+        /* e.g. NOPERM: the ACL user lacks "+asking" */
+        ngx_log_error(NGX_LOG_ERR, node->log, 0,
+                      "idempotency redis: \"%V\" ASKING failed: %*s",
+                      &node->name, (size_t) reply->len, reply->str);
+    }
 }
 
 

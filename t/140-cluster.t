@@ -462,6 +462,7 @@ for (1 .. 50) {
 }
 Test::More::is($state, 'inflight', "the claim reached the replica");
 $main::C->kill_node(2);
+our $FoKilled = Time::HiRes::time();
 Time::HiRes::sleep(0.3);
 --- request
 POST /t
@@ -480,6 +481,7 @@ Time::HiRes::sleep(0.2)
           && time < $end;
 Test::More::is($main::C->owner($main::FoSlot, 0), $main::FoReplica,
                "the replica is the master of slot $main::FoSlot");
+my $promoted = Time::HiRes::time();
 open my $go, '>', $main::FoGo;
 close $go;
 waitpid($main::FoPid, 0);
@@ -491,6 +493,9 @@ for (1 .. 100) {
     Time::HiRes::sleep(0.1);
 }
 Test::More::is($state, 'done', "the record was completed on the new master");
+Test::More::note(sprintf "failover: replica promoted %.1f s after the kill, "
+                 . "the kept STORE done %.1f s after that", $promoted
+                 - $main::FoKilled, Time::HiRes::time() - $promoted);
 open my $runs, '<', "$main::FoGo.runs";
 my @runs = <$runs>;
 Test::More::is(scalar @runs, 1, "the upstream ran once");
@@ -506,6 +511,16 @@ Idempotent-Replayed: true
 
 
 === TEST 15: ... and new keys of those slots run on the new master
+--- init
+# for the next block: the ACL user that docs/deployment.md gives
+for my $i (0, 1, $main::FoReplica) {
+    my $r = $main::C->cli($i, 'ACL', 'SETUSER', 'idem', 'on', '>s3cret',
+                          "~$ENV{TEST_NGINX_PREFIX}*", '+evalsha', '+eval',
+                          '+script|load', '+hmget', '+hset', '+hget',
+                          '+pexpire', '+pttl', '+del', '+cluster|slots',
+                          '+asking');
+    die "ACL SETUSER on $i: $r\n" unless $r eq 'OK';
+}
 --- request
 POST /t
 x
@@ -514,3 +529,42 @@ Idempotency-Key: fo-{fo3}-3
 --- error_code: 201
 --- response_headers
 !Idempotent-Replayed
+
+
+
+=== TEST 16: with the documented ACL user: the slot map, and a claim through ASK on a half-migrated slot
+--- http_config eval
+$::HttpConfig =~ s/ cluster/ cluster user=idem password=s3cret/r
+--- config eval: $::Config
+--- init
+our $AcSlot = main::keyslot('ac');
+our $AcFrom = $main::C->owner($AcSlot);
+our ($AcTo) = grep { $_ != $AcFrom } 0, 1, $main::FoReplica;
+$main::C->migrate_start($AcSlot, $AcFrom, $AcTo);
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: acl-{ac}-1
+--- error_code: 201
+--- response_headers
+!Idempotent-Replayed
+--- error_log eval
+[qr/"ASK \d+ 127\.0\.0\.1:\d+"/,
+ qr/slot map from "[^"]+", \d+ ranges, 16384 of 16384 slots covered/]
+--- no_error_log
+refused CLUSTER SLOTS
+AUTH failed
+NOPERM
+
+
+
+=== TEST 17: ... and its retry is a replay
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: acl-{ac}-1
+--- error_code: 201
+--- response_headers
+Idempotent-Replayed: true
