@@ -312,6 +312,9 @@ our $AkTo = ($AkFrom + 1) % 3;
 my ($st) = main::post('ak-{ak}-old');
 Test::More::is($st, 201, "recorded before the migration");
 $main::C->migrate_start($AkSlot, $AkFrom, $AkTo);
+# the importing master forgot the scripts: EVALSHA, NOSCRIPT, EVAL, each
+# behind its own ASKING
+Test::More::is($main::C->cli($AkTo, 'SCRIPT', 'FLUSH'), 'OK', "scripts flushed");
 main::new_log();
 --- request
 POST /t
@@ -329,6 +332,8 @@ Idempotency-Key: ak-{ak}-new
 my $log = main::new_log();
 Test::More::like($log, qr/"ASK $main::AkSlot 127\.0\.0\.1:\d+"/,
                  "the claim followed an ASK");
+Test::More::like($log, qr/NOSCRIPT, resent as EVAL/,
+                 "... and was resent as EVAL there");
 Test::More::is(main::execs($log, 'ak-{ak}-new'), 1, "ran once");
 Test::More::is($main::C->cli($main::AkTo, 'CLUSTER', 'COUNTKEYSINSLOT',
                              $main::AkSlot), 1, "new record on the importing master");
