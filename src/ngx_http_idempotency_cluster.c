@@ -53,6 +53,7 @@ struct ngx_http_idempotency_cluster_s {
     unsigned                             refreshing:1;
     unsigned                             wanted:1;
     unsigned                             exiting:1;
+    unsigned                             refused:1; /* error to CLUSTER SLOTS */
 };
 
 
@@ -174,6 +175,16 @@ ngx_http_idempotency_cluster_node(ngx_http_idempotency_cluster_t *cl,
 
     if (node) {
         return node;
+    }
+
+    /*
+     * A node that refuses CLUSTER SLOTS (e.g. not in cluster mode) would
+     * run the command itself: records would not be where a cluster keeps
+     * them.  Fail instead, until a map arrives.
+     */
+
+    if (cl->refused) {
+        return NULL;
     }
 
     /* any node answers, with MOVED if the slot is not its own */
@@ -475,7 +486,7 @@ ngx_http_idempotency_cluster_slots_reply(redisAsyncContext *ac, void *r,
     void *privdata)
 {
     ngx_str_t                             host;
-    ngx_uint_t                            i, n;
+    ngx_uint_t                            i, n, level;
     redisReply                           *reply = r;
     ngx_http_idempotency_cluster_t       *cl = privdata;
     ngx_http_idempotency_cluster_node_t  *from, *cn;
@@ -500,11 +511,17 @@ ngx_http_idempotency_cluster_slots_reply(redisAsyncContext *ac, void *r,
     }
 
     if (reply->type == REDIS_REPLY_ERROR) {
-        ngx_log_error(NGX_LOG_ERR, cl->log, 0,
+        /* once per streak: this repeats every RETRY ms */
+
+        level = cl->refused ? NGX_LOG_DEBUG : NGX_LOG_ERR;
+
+        ngx_log_error(level, cl->log, 0,
                       "idempotency redis cluster: \"%V\" refused "
                       "CLUSTER SLOTS: %*s",
                       ngx_http_idempotency_redis_node_name(from->node),
                       (size_t) reply->len, reply->str);
+
+        cl->refused = 1;
 
         ngx_add_timer(&cl->timer, NGX_HTTP_IDEMPOTENCY_CLUSTER_RETRY);
         return;
@@ -520,6 +537,8 @@ ngx_http_idempotency_cluster_slots_reply(redisAsyncContext *ac, void *r,
         ngx_add_timer(&cl->timer, NGX_HTTP_IDEMPOTENCY_CLUSTER_RETRY);
         return;
     }
+
+    cl->refused = 0;
 
     if (cl->wanted) {
         ngx_add_timer(&cl->timer, NGX_HTTP_IDEMPOTENCY_CLUSTER_REFRESH_MIN);

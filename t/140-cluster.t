@@ -573,3 +573,37 @@ Idempotency-Key: acl-{ac}-1
 --- error_code: 201
 --- response_headers
 Idempotent-Replayed: true
+
+
+
+=== TEST 18: "cluster" pointed at a Redis that is not a cluster: 503, nothing written there
+--- skip_eval: 4: !$ENV{TEST_NGINX_REDIS_CTL}
+--- http_config eval
+qq{
+    log_format exec 'EXEC \$request_method \$uri \$http_idempotency_key';
+    idempotency_redis 127.0.0.1:$ENV{TEST_NGINX_REDIS_PORT} cluster
+                      prefix=$ENV{TEST_NGINX_PREFIX}standalone:;
+}
+--- config eval: $::Config
+--- init
+Time::HiRes::sleep(0.5 * $main::Slow);
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: not-a-cluster
+--- error_code: 503
+--- error_log
+refused CLUSTER SLOTS: ERR This instance has cluster support disabled
+
+
+
+=== TEST 19: ... and no record in that Redis (a GET is not protected: it passes)
+--- skip_eval: 2: !$ENV{TEST_NGINX_REDIS_CTL}
+--- init
+Test::More::is(main::redis_cli('--scan', '--pattern',
+                               "$ENV{TEST_NGINX_PREFIX}standalone:*"), '',
+               "nothing written to the standalone Redis");
+--- request
+GET /t
+--- error_code: 201
