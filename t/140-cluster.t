@@ -304,6 +304,32 @@ Idempotent-Replayed: true
 
 
 
+=== TEST 7a: nginx reloaded: the new workers learn the map again, the old ones close every node connection
+--- skip_eval: 4: $ENV{TEST_NGINX_USE_VALGRIND}
+--- init
+my $pidfile = "$ENV{TEST_NGINX_SERVER_ROOT}/logs/nginx.pid";
+open my $fh, '<', $pidfile or die "no $pidfile: $!";
+my $pid = <$fh>;
+chomp $pid;
+kill 'HUP', $pid or die "cannot HUP $pid";
+Time::HiRes::sleep(1.5 * $main::Slow);
+main::new_log();
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: mv-{mv}-1
+--- error_code: 201
+--- response_headers
+Idempotent-Replayed: true
+--- wait eval: 0.5 * $::Slow
+--- no_error_log
+[alert]
+[emerg]
+open socket
+
+
+
 === TEST 8: ASK: a slot half-way through a migration; a new key is claimed on the importing master
 --- init
 our $AkSlot = main::keyslot('ak');
