@@ -277,6 +277,10 @@ END {
 $SIG{INT} = sub { exit 130 };
 $SIG{TERM} = sub { exit 143 };
 
+# prove stops reading at a "Bail out!": a write to it must not kill us by
+# SIGPIPE before the END block above has stopped the servers
+$SIG{PIPE} = 'IGNORE';
+
 
 # ----------------------------------------------------------- HTTP client
 
