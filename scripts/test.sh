@@ -37,7 +37,8 @@ module_incs() {
 # build/unit/NAME and run. UNIT_SANITIZE= turns the sanitizers off.
 unit_tests() {
     local t bin srcs=() incs
-    for t in src/ngx_http_idempotency_key.c src/ngx_http_idempotency_record.c; do
+    for t in src/ngx_http_idempotency_key.c src/ngx_http_idempotency_record.c \
+             src/ngx_http_idempotency_slot.c; do
         [ -f "$t" ] && srcs+=("$t")
     done
     incs=$(module_incs)

@@ -516,6 +516,7 @@ ngx_http_idempotency_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     size_t                              len;
     ngx_str_t                          *value;
     ngx_uint_t                          i;
+    ngx_addr_t                         *addr;
     ngx_http_idempotency_redis_conf_t  *rcf, **rcfp;
     ngx_http_idempotency_main_conf_t   *imcf;
 
@@ -617,18 +618,37 @@ ngx_http_idempotency_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         return NGX_CONF_ERROR;
     }
 
-    if (rcf->mode == NGX_HTTP_IDEMPOTENCY_REDIS_CLUSTER) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "\"%V\" directive: Redis Cluster is not "
-                           "supported by this version of the module yet",
-                           &cmd->name);
-        return NGX_CONF_ERROR;
-    }
-
     if (ngx_http_idempotency_redis_sentinel_check(cf, cmd, rcf)
         != NGX_CONF_OK)
     {
         return NGX_CONF_ERROR;
+    }
+
+    if (rcf->mode == NGX_HTTP_IDEMPOTENCY_REDIS_CLUSTER) {
+        addr = rcf->addrs.elts;
+
+        for (i = 0; i < rcf->addrs.nelts; i++) {
+            if (addr[i].sockaddr->sa_family != AF_INET
+                && addr[i].sockaddr->sa_family != AF_INET6)
+            {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "\"%V\" directive: Redis Cluster nodes "
+                                   "are TCP addresses, not \"%V\"",
+                                   &cmd->name, &addr[i].name);
+                return NGX_CONF_ERROR;
+            }
+        }
+
+        if (rcf->db > 0) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "\"%V\" directive: Redis Cluster has only "
+                               "database 0, \"db=%i\" is not possible",
+                               &cmd->name, rcf->db);
+            return NGX_CONF_ERROR;
+        }
+
+        /* SELECT 0 is allowed by a cluster node but says nothing */
+        rcf->db = -1;
     }
 
     if (rcf->user.len && rcf->password.len == 0) {

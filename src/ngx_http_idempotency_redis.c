@@ -12,6 +12,7 @@
 
 #include "ngx_http_idempotency_module.h"
 #include "ngx_http_idempotency_sentinel.h"
+#include "ngx_http_idempotency_cluster.h"
 #include "ngx_http_idempotency_scripts.h"
 #include "ngx_http_idempotency_stats.h"
 
@@ -36,6 +37,9 @@
 /* room for "*<n>\r\n$<n>\r\nEVALSHA\r\n$<n>\r\n" in front of the sha/text */
 #define NGX_HTTP_IDEMPOTENCY_REDIS_PREFIX_LEN                                 \
     (sizeof("*\r\n$\r\nEVALSHA\r\n$\r\n") - 1 + 3 * NGX_INT_T_LEN)
+
+/* redirects (MOVED, ASK) one command follows in a Redis Cluster */
+#define NGX_HTTP_IDEMPOTENCY_REDIS_REDIRECTS_MAX  5
 
 /* numkeys, which follows the sha or the script text */
 #define NGX_HTTP_IDEMPOTENCY_REDIS_NUMKEYS       "\r\n$1\r\n1\r\n"
@@ -73,6 +77,8 @@ struct ngx_http_idempotency_redis_node_s {
     ngx_http_idempotency_redis_conf_t   *conf;
     ngx_str_t                            name;     /* address, for logs */
     ngx_log_t                           *log;
+    ngx_str_t                            host;     /* IP, NUL-ended, or "" */
+    in_port_t                            port;
 
     redisAsyncContext                   *ac;       /* NULL: none */
     ngx_http_idempotency_redis_state_e   state;
@@ -128,6 +134,7 @@ struct ngx_http_idempotency_redis_op_s {
     uint64_t                             sent;     /* for the latency */
 
     ngx_uint_t                           nargs;
+    ngx_uint_t                           redirects; /* MOVED, ASK followed */
     u_char                              *tail;     /* RESP key and args */
     size_t                               tail_len;
 
@@ -137,6 +144,7 @@ struct ngx_http_idempotency_redis_op_s {
     unsigned                             retry:1;  /* may be parked */
     unsigned                             kept:1;   /* counted in node->kept */
     unsigned                             timed_out:1;
+    unsigned                             asking:1; /* sent after ASKING */
 };
 
 
@@ -187,6 +195,12 @@ static void ngx_http_idempotency_redis_role_reply(redisAsyncContext *ac,
 static void ngx_http_idempotency_redis_handshake_step(
     ngx_http_idempotency_redis_node_t *node);
 static void ngx_http_idempotency_redis_op_reply(redisAsyncContext *ac,
+    void *r, void *privdata);
+static ngx_http_idempotency_redis_node_t *ngx_http_idempotency_redis_pick(
+    ngx_http_idempotency_redis_conf_t *rcf, ngx_str_t *key);
+static ngx_int_t ngx_http_idempotency_redis_redirect(
+    ngx_http_idempotency_redis_op_t *op, redisReply *reply);
+static void ngx_http_idempotency_redis_asking_reply(redisAsyncContext *ac,
     void *r, void *privdata);
 static void ngx_http_idempotency_redis_op_finish(
     ngx_http_idempotency_redis_op_t *op, redisReply *reply, ngx_uint_t rc);
@@ -306,7 +320,15 @@ ngx_http_idempotency_redis_init_process(ngx_cycle_t *cycle)
 
     for (i = 0; i < imcf->redis.nelts; i++) {
 
-        if (rcfp[i]->node) {
+        if (rcfp[i]->node || rcfp[i]->cluster) {
+            continue;
+        }
+
+        if (rcfp[i]->mode == NGX_HTTP_IDEMPOTENCY_REDIS_CLUSTER) {
+            if (ngx_http_idempotency_cluster_init(cycle, rcfp[i]) != NGX_OK) {
+                return NGX_ERROR;
+            }
+
             continue;
         }
 
@@ -327,18 +349,32 @@ static ngx_int_t
 ngx_http_idempotency_redis_init_node(ngx_cycle_t *cycle,
     ngx_http_idempotency_redis_conf_t *rcf)
 {
+    rcf->node = ngx_http_idempotency_redis_node_create(rcf, &rcf->host,
+                                                       rcf->port, cycle->pool,
+                                                       cycle->log);
+
+    return rcf->node ? NGX_OK : NGX_ERROR;
+}
+
+
+ngx_http_idempotency_redis_node_t *
+ngx_http_idempotency_redis_node_create(ngx_http_idempotency_redis_conf_t *rcf,
+    ngx_str_t *host, in_port_t port, ngx_pool_t *pool, ngx_log_t *log)
+{
     u_char                             *p;
     ngx_addr_t                         *addr;
     ngx_http_idempotency_redis_node_t  *node;
 
-    node = ngx_pcalloc(cycle->pool, sizeof(ngx_http_idempotency_redis_node_t));
+    node = ngx_pcalloc(pool, sizeof(ngx_http_idempotency_redis_node_t));
     if (node == NULL) {
-        return NGX_ERROR;
+        return NULL;
     }
 
     node->conf = rcf;
-    node->log = cycle->log;
+    node->log = log;
     node->backoff = NGX_HTTP_IDEMPOTENCY_REDIS_BACKOFF_MIN;
+    node->host = *host;
+    node->port = port;
 
     /*
      * rcf->text would be the obvious name for logs, but it holds every
@@ -348,23 +384,25 @@ ngx_http_idempotency_redis_init_node(ngx_cycle_t *cycle,
     if (rcf->mode == NGX_HTTP_IDEMPOTENCY_REDIS_SENTINEL) {
         node->name = rcf->sentinel_master;
 
-        node->sentinel = ngx_http_idempotency_sentinel_create(cycle->pool,
-                                 rcf, node->log,
+        node->sentinel = ngx_http_idempotency_sentinel_create(pool, rcf,
+                                 node->log,
                                  ngx_http_idempotency_redis_sentinel_handler,
                                  node);
         if (node->sentinel == NULL) {
-            return NGX_ERROR;
+            return NULL;
         }
 
-    } else if (rcf->addrs.nelts) {
+    } else if (rcf->addrs.nelts
+               && rcf->mode != NGX_HTTP_IDEMPOTENCY_REDIS_CLUSTER)
+    {
         addr = rcf->addrs.elts;
         node->name = addr[0].name;
 
     } else {
-        p = ngx_pnalloc(cycle->pool, rcf->host.len + rcf->unix_path.len
-                                     + sizeof("unix:") + NGX_INT_T_LEN);
+        p = ngx_pnalloc(pool, host->len + rcf->unix_path.len
+                              + sizeof("unix:") + NGX_INT_T_LEN);
         if (p == NULL) {
-            return NGX_ERROR;
+            return NULL;
         }
 
         node->name.data = p;
@@ -373,7 +411,7 @@ ngx_http_idempotency_redis_init_node(ngx_cycle_t *cycle,
             p = ngx_sprintf(p, "unix:%V", &rcf->unix_path);
 
         } else {
-            p = ngx_sprintf(p, "%V:%d", &rcf->host, (int) rcf->port);
+            p = ngx_sprintf(p, "%V:%d", host, (int) port);
         }
 
         node->name.len = p - node->name.data;
@@ -394,9 +432,7 @@ ngx_http_idempotency_redis_init_node(ngx_cycle_t *cycle,
     ngx_queue_init(&node->parked);
     ngx_queue_init(&node->doomed);
 
-    rcf->node = node;
-
-    return NGX_OK;
+    return node;
 }
 
 
@@ -404,8 +440,6 @@ void
 ngx_http_idempotency_redis_exit_process(ngx_cycle_t *cycle)
 {
     ngx_uint_t                           i;
-    ngx_queue_t                         *q;
-    ngx_http_idempotency_redis_op_t     *op;
     ngx_http_idempotency_redis_conf_t  **rcfp;
     ngx_http_idempotency_redis_node_t   *node;
     ngx_http_idempotency_main_conf_t    *imcf;
@@ -420,57 +454,73 @@ ngx_http_idempotency_redis_exit_process(ngx_cycle_t *cycle)
     rcfp = imcf->redis.elts;
 
     for (i = 0; i < imcf->redis.nelts; i++) {
+        if (rcfp[i]->cluster) {
+            ngx_http_idempotency_cluster_exit(rcfp[i]->cluster);
+            rcfp[i]->cluster = NULL;
+            continue;
+        }
+
         node = rcfp[i]->node;
 
         if (node == NULL) {
             continue;
         }
 
-        ngx_log_debug3(NGX_LOG_DEBUG_HTTP, node->log, 0,
-                       "idempotency redis: \"%V\" closing at exit, "
-                       "%ui ops pending, %ui parked", &node->name,
-                       node->pending, node->stats.parked);
-
-        /*
-         * Plain ops still pending here belong to requests the worker
-         * abandons (fast shutdown): their handlers are not called, as
-         * resuming a request while the process exits would do more harm
-         * than good; every op is still freed by its hiredis callback.
-         *
-         * Retryable ops, pending or parked, are given up, each with its
-         * handler called (one error line per op from the settle step).
-         * Their deadline timers are cancelable, so a graceful shutdown
-         * does not wait for a Redis that is away: it ends as soon as the
-         * requests are done, and what is still parked then is given up
-         * here.  Ops already sent keep their (non-cancelable) command
-         * timers, so a shutdown still waits for replies that are due.
-         */
-
-        node->exiting = 1;
-
-        if (node->reconnect_timer.timer_set) {
-            ngx_del_timer(&node->reconnect_timer);
-        }
-
-        ngx_http_idempotency_redis_close(node);
-
-        if (node->sentinel) {
-            ngx_http_idempotency_sentinel_close(node->sentinel);
-        }
-
-        while (!ngx_queue_empty(&node->parked)) {
-            q = ngx_queue_head(&node->parked);
-            op = ngx_queue_data(q, ngx_http_idempotency_redis_op_t, queue);
-            ngx_http_idempotency_redis_give_up(op, "the worker is exiting");
-        }
-
-        while (!ngx_queue_empty(&node->doomed)) {
-            q = ngx_queue_head(&node->doomed);
-            op = ngx_queue_data(q, ngx_http_idempotency_redis_op_t, queue);
-            ngx_http_idempotency_redis_give_up(op, op->info.reason);
-        }
+        ngx_http_idempotency_redis_node_exit(node);
 
         rcfp[i]->node = NULL;
+    }
+}
+
+
+void
+ngx_http_idempotency_redis_node_exit(ngx_http_idempotency_redis_node_t *node)
+{
+    ngx_queue_t                      *q;
+    ngx_http_idempotency_redis_op_t  *op;
+
+    ngx_log_debug3(NGX_LOG_DEBUG_HTTP, node->log, 0,
+                   "idempotency redis: \"%V\" closing at exit, "
+                   "%ui ops pending, %ui parked", &node->name,
+                   node->pending, node->stats.parked);
+
+    /*
+     * Plain ops still pending here belong to requests the worker
+     * abandons (fast shutdown): their handlers are not called, as
+     * resuming a request while the process exits would do more harm
+     * than good; every op is still freed by its hiredis callback.
+     *
+     * Retryable ops, pending or parked, are given up, each with its
+     * handler called (one error line per op from the settle step).
+     * Their deadline timers are cancelable, so a graceful shutdown
+     * does not wait for a Redis that is away: it ends as soon as the
+     * requests are done, and what is still parked then is given up
+     * here.  Ops already sent keep their (non-cancelable) command
+     * timers, so a shutdown still waits for replies that are due.
+     */
+
+    node->exiting = 1;
+
+    if (node->reconnect_timer.timer_set) {
+        ngx_del_timer(&node->reconnect_timer);
+    }
+
+    ngx_http_idempotency_redis_close(node);
+
+    if (node->sentinel) {
+        ngx_http_idempotency_sentinel_close(node->sentinel);
+    }
+
+    while (!ngx_queue_empty(&node->parked)) {
+        q = ngx_queue_head(&node->parked);
+        op = ngx_queue_data(q, ngx_http_idempotency_redis_op_t, queue);
+        ngx_http_idempotency_redis_give_up(op, "the worker is exiting");
+    }
+
+    while (!ngx_queue_empty(&node->doomed)) {
+        q = ngx_queue_head(&node->doomed);
+        op = ngx_queue_data(q, ngx_http_idempotency_redis_op_t, queue);
+        ngx_http_idempotency_redis_give_up(op, op->info.reason);
     }
 }
 
@@ -514,7 +564,7 @@ ngx_http_idempotency_redis_connect(ngx_http_idempotency_redis_node_t *node)
         ac = redisAsyncConnectUnix((const char *) rcf->unix_path.data);
 
     } else {
-        ac = redisAsyncConnect((const char *) rcf->host.data, rcf->port);
+        ac = redisAsyncConnect((const char *) node->host.data, node->port);
     }
 
     if (ac == NULL) {
@@ -720,6 +770,11 @@ ngx_http_idempotency_redis_failure(ngx_http_idempotency_redis_node_t *node,
 
     if (node->exiting) {
         return;
+    }
+
+    if (node->conf->cluster) {
+        /* the node may have failed over or left: ask for the slot map */
+        ngx_http_idempotency_cluster_node_failed(node->conf->cluster, node);
     }
 
     /*
@@ -1085,7 +1140,7 @@ ngx_http_idempotency_redis_script(ngx_http_idempotency_redis_conf_t *rcf,
     ngx_http_idempotency_redis_op_t    *op;
     ngx_http_idempotency_redis_node_t  *node;
 
-    node = rcf->node;
+    node = ngx_http_idempotency_redis_pick(rcf, key);
 
     /* fail fast while there is no connection and none in progress */
 
@@ -1133,7 +1188,7 @@ ngx_http_idempotency_redis_script_retry(
     ngx_http_idempotency_redis_op_t    *op;
     ngx_http_idempotency_redis_node_t  *node;
 
-    node = rcf->node;
+    node = ngx_http_idempotency_redis_pick(rcf, key);
 
     if (node == NULL || node->exiting) {
         ngx_log_debug1(NGX_LOG_DEBUG_HTTP, log, 0,
@@ -1288,6 +1343,7 @@ ngx_http_idempotency_redis_op_send(ngx_http_idempotency_redis_op_t *op)
     op->state = NGX_HTTP_IDEMPOTENCY_REDIS_OP_SENT;
     op->sent = ngx_http_idempotency_stat_command();
     op->eval = 0;
+    op->asking = 0;
     op->timed_out = 0;
     op->info.attempts++;
 
@@ -1489,6 +1545,14 @@ ngx_http_idempotency_redis_op_reply(redisAsyncContext *ac, void *r,
     ngx_http_idempotency_stat_reply(reply, op->sent);
 
     if (op->handler
+        && reply->type == REDIS_REPLY_ERROR
+        && op->node->conf->cluster
+        && ngx_http_idempotency_redis_redirect(op, reply) == NGX_OK)
+    {
+        return;
+    }
+
+    if (op->handler
         && !op->eval
         && reply->type == REDIS_REPLY_ERROR
         && reply->len >= sizeof("NOSCRIPT") - 1
@@ -1497,6 +1561,14 @@ ngx_http_idempotency_redis_op_reply(redisAsyncContext *ac, void *r,
         /* the script cache was flushed: send the text, same key and args */
 
         start = ngx_http_idempotency_redis_frame(op, 1, &len);
+
+        /* ASKING lets only the one command after it in */
+
+        if (op->asking) {
+            (void) redisAsyncCommand(ac,
+                                     ngx_http_idempotency_redis_asking_reply,
+                                     NULL, "ASKING");
+        }
 
         if (redisAsyncFormattedCommand(ac, ngx_http_idempotency_redis_op_reply,
                                        op, (const char *) start, len)
@@ -1567,6 +1639,205 @@ ngx_http_idempotency_redis_op_reply(redisAsyncContext *ac, void *r,
 
     ngx_http_idempotency_redis_op_finish(op, reply,
                                          NGX_HTTP_IDEMPOTENCY_REDIS_OK);
+}
+
+
+/* where a command for this record key goes */
+
+static ngx_http_idempotency_redis_node_t *
+ngx_http_idempotency_redis_pick(ngx_http_idempotency_redis_conf_t *rcf,
+    ngx_str_t *key)
+{
+    if (rcf->cluster) {
+        return ngx_http_idempotency_cluster_node(rcf->cluster, key);
+    }
+
+    return rcf->node;
+}
+
+
+/*
+ * A Redis Cluster node answered MOVED or ASK: the op goes to the node named
+ * there, at the end of its pipeline, with a new command timeout (after
+ * ASKING for an ASK).  NGX_DECLINED: not a redirect, or one too many; the
+ * reply then goes to the handler as any error reply.
+ */
+
+static ngx_int_t
+ngx_http_idempotency_redis_redirect(ngx_http_idempotency_redis_op_t *op,
+    redisReply *reply)
+{
+    ngx_uint_t                          asking;
+    redisAsyncContext                  *ac;
+    ngx_http_idempotency_redis_node_t  *node;
+
+    node = ngx_http_idempotency_cluster_redirect(op->node->conf->cluster,
+                                                 op->node, reply->str,
+                                                 reply->len, &asking);
+    if (node == NULL) {
+        return NGX_DECLINED;
+    }
+
+    if (op->redirects == NGX_HTTP_IDEMPOTENCY_REDIS_REDIRECTS_MAX) {
+        ngx_log_error(NGX_LOG_ERR, op->node->log, 0,
+                      "idempotency redis: \"%V\" %s of key_hash=%s not "
+                      "redirected again after %ui redirects: \"%*s\"",
+                      &op->node->name,
+                      ngx_http_idempotency_redis_scripts[op->info.script].name,
+                      ngx_http_idempotency_key_hash(&op->info.key),
+                      op->redirects, (size_t) reply->len, reply->str);
+        return NGX_DECLINED;
+    }
+
+    op->redirects++;
+
+    ngx_log_debug4(NGX_LOG_DEBUG_HTTP, op->node->log, 0,
+                   "idempotency redis: \"%V\" op:%p \"%*s\"",
+                   &op->node->name, op, (size_t) reply->len, reply->str);
+
+    ngx_http_idempotency_redis_op_detach(op);
+
+    /* counted where it was parked first; it is not kept there any more */
+    ngx_http_idempotency_redis_unkeep(op);
+
+    op->node = node;
+    op->timer.log = node->log;
+
+    ac = ngx_http_idempotency_redis_node_context(node);
+
+    if (asking && ac) {
+        (void) redisAsyncCommand(ac, ngx_http_idempotency_redis_asking_reply,
+                                 NULL, "ASKING");
+    }
+
+    if (ngx_http_idempotency_redis_op_send(op) == NGX_OK) {
+        op->asking = asking ? 1 : 0;
+        return NGX_OK;
+    }
+
+    if (op->retry) {
+        ngx_http_idempotency_redis_retry_or_give_up(op, "not connected", 0);
+        return NGX_OK;
+    }
+
+    /* op_send left it NEW: finish counts it out of the new node */
+
+    node->pending++;
+    ngx_http_idempotency_redis_op_finish(op, NULL,
+                                         NGX_HTTP_IDEMPOTENCY_REDIS_ERROR);
+    return NGX_OK;
+}
+
+
+/* ASKING answers OK; the command after it tells the rest */
+
+static void
+ngx_http_idempotency_redis_asking_reply(redisAsyncContext *ac, void *r,
+    void *privdata)
+{
+    redisReply                         *reply = r;
+    ngx_http_idempotency_redis_node_t  *node;
+
+    node = ac->data;
+
+    if (reply && reply->type == REDIS_REPLY_ERROR) {
+        /* e.g. NOPERM: the ACL user lacks "+asking" */
+        ngx_log_error(NGX_LOG_ERR, node->log, 0,
+                      "idempotency redis: \"%V\" ASKING failed: %*s",
+                      &node->name, (size_t) reply->len, reply->str);
+    }
+}
+
+
+void
+ngx_http_idempotency_redis_node_connect(ngx_http_idempotency_redis_node_t *node)
+{
+    if (node->exiting || node->ac || node->reconnect_timer.timer_set) {
+        return;
+    }
+
+    ngx_http_idempotency_redis_connect(node);
+}
+
+
+redisAsyncContext *
+ngx_http_idempotency_redis_node_context(ngx_http_idempotency_redis_node_t *node)
+{
+    if (node->exiting || node->ac == NULL
+        || (node->ac->c.flags & (REDIS_DISCONNECTING | REDIS_FREEING)))
+    {
+        return NULL;
+    }
+
+    return node->ac;
+}
+
+
+ngx_str_t *
+ngx_http_idempotency_redis_node_name(ngx_http_idempotency_redis_node_t *node)
+{
+    return &node->name;
+}
+
+
+/*
+ * Redis Cluster: the slot map changed.  Parked ops whose record now lives
+ * on another master (after a failover, the old one may never come back)
+ * move there: sent now if it has a connection, else parked there.
+ */
+
+void
+ngx_http_idempotency_redis_node_reroute(
+    ngx_http_idempotency_redis_node_t *node)
+{
+    const char                         *reason;
+    ngx_queue_t                        *q, *next;
+    ngx_http_idempotency_redis_op_t    *op;
+    ngx_http_idempotency_redis_node_t  *target;
+
+    for (q = ngx_queue_head(&node->parked);
+         q != ngx_queue_sentinel(&node->parked);
+         q = next)
+    {
+        next = ngx_queue_next(q);
+        op = ngx_queue_data(q, ngx_http_idempotency_redis_op_t, queue);
+
+        target = ngx_http_idempotency_cluster_owner(node->conf->cluster,
+                                                    &op->info.key);
+
+        if (target == NULL || target == node || target->exiting) {
+            continue;
+        }
+
+        ngx_log_debug3(NGX_LOG_DEBUG_HTTP, node->log, 0,
+                       "idempotency redis: \"%V\" op:%p moves to \"%V\"",
+                       &node->name, op, &target->name);
+
+        ngx_http_idempotency_redis_unpark(op);
+        ngx_http_idempotency_redis_unkeep(op);
+
+        if (op->timer.timer_set) {
+            ngx_del_timer(&op->timer);
+        }
+
+        op->state = NGX_HTTP_IDEMPOTENCY_REDIS_OP_NEW;
+        op->node = target;
+        op->timer.log = target->log;
+
+        if (ngx_http_idempotency_redis_op_send(op) == NGX_OK) {
+            target->stats.retried++;
+            continue;
+        }
+
+        /* the handler may park new ops here: "next" is still in the queue */
+
+        reason = ngx_http_idempotency_redis_park(op, op->info.error
+                                                     ? op->info.error
+                                                     : "not connected", 0);
+        if (reason) {
+            ngx_http_idempotency_redis_give_up(op, reason);
+        }
+    }
 }
 
 

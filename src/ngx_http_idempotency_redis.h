@@ -36,6 +36,8 @@ typedef struct ngx_http_idempotency_redis_node_s
     ngx_http_idempotency_redis_node_t;
 typedef struct ngx_http_idempotency_redis_op_s
     ngx_http_idempotency_redis_op_t;
+typedef struct ngx_http_idempotency_cluster_s
+    ngx_http_idempotency_cluster_t;
 
 
 /* one "idempotency_redis" directive; identical directives share one */
@@ -58,6 +60,7 @@ typedef struct {
 
     /* per-worker state, set up in init_process (memory is per process) */
     ngx_http_idempotency_redis_node_t   *node;
+    ngx_http_idempotency_cluster_t      *cluster;  /* "cluster" only */
 } ngx_http_idempotency_redis_conf_t;
 
 
@@ -157,6 +160,29 @@ ngx_connection_t *ngx_http_idempotency_redis_attach(redisAsyncContext *ac,
 /* this worker's counters for that Redis, or NULL without a connection */
 ngx_http_idempotency_redis_stats_t *ngx_http_idempotency_redis_stats(
     ngx_http_idempotency_redis_conf_t *rcf);
+
+
+/*
+ * Connections to one Redis node each, for ngx_http_idempotency_cluster.c:
+ * a node made with the first function connects (and reconnects) by itself
+ * and is closed by the last one at worker exit.  host is an IP literal,
+ * NUL-ended, that must live as long as the node.
+ */
+ngx_http_idempotency_redis_node_t *ngx_http_idempotency_redis_node_create(
+    ngx_http_idempotency_redis_conf_t *rcf, ngx_str_t *host, in_port_t port,
+    ngx_pool_t *pool, ngx_log_t *log);
+void ngx_http_idempotency_redis_node_connect(
+    ngx_http_idempotency_redis_node_t *node);
+/* the node's context if commands can be queued on it now, or NULL */
+redisAsyncContext *ngx_http_idempotency_redis_node_context(
+    ngx_http_idempotency_redis_node_t *node);
+ngx_str_t *ngx_http_idempotency_redis_node_name(
+    ngx_http_idempotency_redis_node_t *node);
+void ngx_http_idempotency_redis_node_exit(
+    ngx_http_idempotency_redis_node_t *node);
+/* parked ops whose key's slot is now another node's go there */
+void ngx_http_idempotency_redis_node_reroute(
+    ngx_http_idempotency_redis_node_t *node);
 
 
 #endif /* _NGX_HTTP_IDEMPOTENCY_REDIS_H_INCLUDED_ */

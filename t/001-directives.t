@@ -182,15 +182,59 @@ several addresses in "idempotency_redis" directive need "cluster" or "sentinel="
 
 
 
-=== TEST 12: Redis Cluster is refused, not silently ignored, until it exists
+=== TEST 12: the Redis Cluster form passes with seed nodes and options
 --- config
     location = /t {
-        idempotency_redis 127.0.0.1:7000 127.0.0.1:7001 cluster;
+        idempotency on;
+        idempotency_redis 127.0.0.1:7000 127.0.0.1:7001 cluster db=0
+                          password=secret prefix=t001: timeout=2s;
+        return 200 "ok\n";
+    }
+
+    location = /one {
+        idempotency_redis localhost:7000 cluster;
+        return 200 "ok\n";
+    }
+--- request
+GET /t
+--- response_body
+ok
+
+
+
+=== TEST 12a: Redis Cluster has no database but 0
+--- config
+    location = /t {
+        idempotency_redis 127.0.0.1:7000 127.0.0.1:7001 cluster db=2;
     }
 --- must_die
 --- error_log
 [emerg]
-"idempotency_redis" directive: Redis Cluster is not supported by this version
+"idempotency_redis" directive: Redis Cluster has only database 0, "db=2" is not possible
+
+
+
+=== TEST 12b: Redis Cluster nodes are not unix sockets
+--- config
+    location = /t {
+        idempotency_redis 127.0.0.1:7000 unix:/tmp/t001.sock cluster;
+    }
+--- must_die
+--- error_log
+[emerg]
+"idempotency_redis" directive: Redis Cluster nodes are TCP addresses, not "unix:/tmp/t001.sock"
+
+
+
+=== TEST 12c: the cluster form needs a seed node
+--- config
+    location = /t {
+        idempotency_redis cluster prefix=x:;
+    }
+--- must_die
+--- error_log
+[emerg]
+no address in "idempotency_redis" directive
 
 
 

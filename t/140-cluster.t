@@ -1,0 +1,635 @@
+# Redis Cluster: "idempotency_redis SEED SEED cluster" against a real
+# 3-master cluster on loopback (t/lib/IdemCluster.pm starts it and stops it
+# by pid on every path).  Records land on the master of their slot, the
+# slot is the one CLUSTER KEYSLOT names, MOVED and ASK are followed while a
+# slot migrates, and a resharding under a retry storm runs nothing twice.
+#
+# Blocks without "--- config" reuse the nginx (and its slot map) of the
+# block before; the checks of a block's effects run in the next block's
+# init, reading the error log, where the upstream logs one EXEC line per
+# execution and the module (debug level) logs the slot of every record
+# key and every redirect it follows.
+
+BEGIN {
+    use lib 't/lib';
+    require IdemCluster;
+    require Test::More;
+
+    my $why;
+    if (`redis-server --version 2>/dev/null` !~ /v=(\d+)\./ || $1 < 7) {
+        $why = 'redis-server 7 (cluster-port) is not installed';
+    } elsif (!($main::Cluster = IdemCluster->start(3))) {
+        $why = "no Redis Cluster: $IdemCluster::Error";
+    }
+    Test::More::plan(skip_all => $why) if $why;
+}
+
+use Test::Nginx::Socket 'no_plan';
+use lib 't/lib';
+use IdemTest;
+use Cwd ();
+use Time::HiRes ();
+use POSIX ();
+use IO::Socket::INET ();
+use Digest::SHA ();
+
+$ENV{TEST_NGINX_PREFIX} ||= "t140-$$-" . time() . ":";
+$ENV{TEST_NGINX_CLUSTER_SEEDS} = $main::Cluster->seeds;
+$ENV{TEST_NGINX_SLOW_PORT} = (IdemCluster::_free_ports(1))[0];
+
+our $HttpConfig = qq{
+    log_format exec 'EXEC \$request_method \$uri \$http_idempotency_key';
+    idempotency_redis $ENV{TEST_NGINX_CLUSTER_SEEDS} cluster
+                      prefix=$ENV{TEST_NGINX_PREFIX} timeout=2s;
+};
+
+our $Config = q{
+    location = /t {
+        idempotency on;
+        idempotency_ttl 300s;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
+    }
+
+    location = /slow {
+        idempotency on;
+        idempotency_ttl 300s;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SLOW_PORT;
+    }
+
+    location = /backend {
+        access_log logs/error.log exec;
+        return 201 "created\n";
+    }
+};
+
+our $C = $main::Cluster;
+our $LogPos = 0;
+
+
+sub error_log {
+    my $root = $ENV{TEST_NGINX_SERVROOT} || Cwd::cwd() . '/t/servroot';
+    open my $in, '<', "$root/logs/error.log" or return '';
+    local $/;
+    return <$in>;
+}
+
+# the part of the error log written since the last call
+sub new_log {
+    my $log = error_log();
+    $LogPos = 0 if $LogPos > length $log;
+    my $new = substr $log, $LogPos;
+    $LogPos = length $log;
+    return $new;
+}
+
+sub execs {
+    my ($log, $key) = @_;
+    my $n = () = $log =~ /^EXEC POST \/backend \Q$key\E$/mg;
+    return $n;
+}
+
+sub keyslot {
+    return $C->cli(0, 'CLUSTER', 'KEYSLOT', $_[0]);
+}
+
+sub post {
+    return IdemCluster::post('/t', $_[0]);
+}
+
+# keys of this run on master $i
+sub keys_on {
+    my ($i) = @_;
+    my @k = grep { length } split /\n/,
+            $C->cli($i, '--scan', '--pattern', "$ENV{TEST_NGINX_PREFIX}*");
+    return scalar @k;
+}
+
+# An upstream for one request on $TEST_NGINX_SLOW_PORT that answers 201
+# only once the file "$go" exists (at most 30 s), and writes a line to
+# "$go.runs" per request it got.
+sub slow_upstream {
+    my ($go) = @_;
+    my $srv = IO::Socket::INET->new(LocalAddr => '127.0.0.1',
+                                    LocalPort => $ENV{TEST_NGINX_SLOW_PORT},
+                                    Listen => 5, ReuseAddr => 1)
+        or die "slow upstream: $!";
+    my $pid = fork();
+    die "fork: $!" unless defined $pid;
+    if ($pid) {
+        close $srv;
+        return $pid;
+    }
+    alarm(40);
+    my $c = $srv->accept or POSIX::_exit(1);
+    my $req = '';
+    while ($req !~ /\r\n\r\n/) {
+        sysread($c, $req, 4096, length $req) or last;
+    }
+    open my $runs, '>>', "$go.runs";
+    print $runs "run\n";
+    close $runs;
+    my $end = time + 30;
+    Time::HiRes::sleep(0.05) while !-e $go && time < $end;
+    print $c "HTTP/1.1 201 Created\r\nContent-Length: 8\r\n"
+             . "Connection: close\r\n\r\ncreated\n";
+    close $c;
+    POSIX::_exit(0);
+}
+
+sub record_key {
+    return $ENV{TEST_NGINX_PREFIX} . Digest::SHA::sha256_hex('') . ":$_[0]";
+}
+
+master_on();
+no_shuffle();
+run_tests();
+
+__DATA__
+
+=== TEST 1: a request is claimed and recorded through the cluster
+--- http_config eval: $::HttpConfig
+--- config eval: $::Config
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: first-1
+--- error_code: 201
+--- response_headers
+!Idempotent-Replayed
+--- grep_error_log: EXEC POST /backend first-1
+--- grep_error_log_out
+EXEC POST /backend first-1
+
+
+
+=== TEST 2: 60 keys land on all three masters, each runs once, replays are HITs, no redirect
+--- init
+main::new_log();
+my ($miss, $hit) = (0, 0);
+for my $i (1 .. 60) {
+    my ($st, $rep) = main::post("spread-$i");
+    $miss++ if $st == 201 && !$rep;
+    ($st, $rep) = main::post("spread-$i");
+    $hit++ if $st == 201 && $rep;
+}
+Test::More::is($miss, 60, "60 first requests ran");
+Test::More::is($hit, 60, "60 retries were replayed");
+my $log = main::new_log();
+my @once = grep { main::execs($log, "spread-$_") == 1 } 1 .. 60;
+Test::More::is(scalar @once, 60, "every key ran exactly once upstream");
+for my $i (0 .. 2) {
+    my $n = main::keys_on($i);
+    Test::More::cmp_ok($n, '>', 5, "master $i holds records of this run ($n)");
+}
+Test::More::is(main::keys_on(0) + main::keys_on(1) + main::keys_on(2), 61,
+               "61 records in all");
+Test::More::unlike($log, qr/"(MOVED|ASK) /,
+                   "every command went straight to its master");
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: spread-7
+--- error_code: 201
+--- response_headers
+Idempotent-Replayed: true
+
+
+
+=== TEST 3: the slot of a record key is the one CLUSTER KEYSLOT gives, hash tags included
+--- init
+main::new_log();
+our @Tagged = ('tag-{a}', '{x}y', 'a{}b', '{}', '{{z}}', 'q{w}{e}', '}{r}',
+               'plain', 'n{', 'u:9f2e:{user-17}:charge');
+main::post($_) for @Tagged;
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: plain
+--- error_code: 201
+--- response_headers
+Idempotent-Replayed: true
+
+
+
+=== TEST 4: ... checked against the cluster (a client's {tag} picks the slot, never the record)
+--- init
+my $log = main::new_log();
+my %slot;
+while ($log =~ /idempotency redis cluster: "([^"]+)" is in slot (\d+)/g) {
+    $slot{$1} = $2;
+}
+for my $k (@main::Tagged) {
+    my ($rkey) = grep { /:\Q$k\E$/ && index($_, $ENV{TEST_NGINX_PREFIX}) == 0 }
+                 keys %slot;
+    Test::More::ok(defined $rkey, "slot of the record of '$k' logged")
+        or next;
+    Test::More::is($slot{$rkey}, main::keyslot($rkey),
+                   "'$k': CLUSTER KEYSLOT agrees");
+}
+my ($tagged) = grep { /:tag-\{a\}$/ } keys %slot;
+Test::More::is($slot{$tagged // ''}, main::keyslot('a'),
+               "a client's {a} makes the slot that of 'a'");
+Test::More::is(main::execs($log, $_), 1, "'$_' ran once") for @main::Tagged;
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: tag-{a}
+--- error_code: 201
+--- response_headers
+Idempotent-Replayed: true
+
+
+
+=== TEST 5: MOVED: a recorded key's slot moves to another master, its replay follows
+--- init
+our $MvSlot = main::keyslot('mv');
+our $MvFrom = $main::C->owner($MvSlot);
+our $MvTo = ($MvFrom + 1) % 3;
+my ($st) = main::post('mv-{mv}-1');
+Test::More::is($st, 201, "recorded before the move");
+main::new_log();
+$main::C->migrate_start($MvSlot, $MvFrom, $MvTo);
+Test::More::is($main::C->migrate_keys($MvSlot, $MvFrom, $MvTo), 1,
+               "the record migrated");
+$main::C->migrate_finish($MvSlot, $MvTo);
+Test::More::is($main::C->owner($MvSlot, $MvTo), $MvTo, "slot $MvSlot moved");
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: mv-{mv}-1
+--- error_code: 201
+--- response_headers
+Idempotent-Replayed: true
+
+
+
+=== TEST 6: MOVED: a new key of the moved slot runs once, on the new master
+--- init
+my $log = main::new_log();
+Test::More::like($log, qr/"MOVED $main::MvSlot 127\.0\.0\.1:\d+"/,
+                 "the replay followed a MOVED");
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: mv-{mv}-2
+--- error_code: 201
+--- response_headers
+!Idempotent-Replayed
+
+
+
+=== TEST 7: ... and is recorded there, straight away (the map was updated)
+--- init
+my $log = main::new_log();
+Test::More::is(main::execs($log, 'mv-{mv}-2'), 1, "ran once");
+Test::More::unlike($log, qr/"MOVED /, "no MOVED for the new key");
+Test::More::is($main::C->cli($main::MvTo, 'CLUSTER', 'COUNTKEYSINSLOT',
+                             $main::MvSlot), 2, "both records on the new master");
+Test::More::is($main::C->cli($main::MvFrom, 'CLUSTER', 'COUNTKEYSINSLOT',
+                             $main::MvSlot), 0, "none left on the old one");
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: mv-{mv}-2
+--- error_code: 201
+--- response_headers
+Idempotent-Replayed: true
+
+
+
+=== TEST 7a: nginx reloaded: the new workers learn the map again, the old ones close every node connection
+--- skip_eval: 4: $ENV{TEST_NGINX_USE_VALGRIND}
+--- init
+my $pidfile = "$ENV{TEST_NGINX_SERVER_ROOT}/logs/nginx.pid";
+open my $fh, '<', $pidfile or die "no $pidfile: $!";
+my $pid = <$fh>;
+chomp $pid;
+kill 'HUP', $pid or die "cannot HUP $pid";
+Time::HiRes::sleep(1.5 * $main::Slow);
+main::new_log();
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: mv-{mv}-1
+--- error_code: 201
+--- response_headers
+Idempotent-Replayed: true
+--- wait eval: 0.5 * $::Slow
+--- no_error_log
+[alert]
+[emerg]
+open socket
+
+
+
+=== TEST 8: ASK: a slot half-way through a migration; a new key is claimed on the importing master
+--- init
+our $AkSlot = main::keyslot('ak');
+our $AkFrom = $main::C->owner($AkSlot);
+our $AkTo = ($AkFrom + 1) % 3;
+my ($st) = main::post('ak-{ak}-old');
+Test::More::is($st, 201, "recorded before the migration");
+$main::C->migrate_start($AkSlot, $AkFrom, $AkTo);
+# the importing master forgot the scripts: EVALSHA, NOSCRIPT, EVAL, each
+# behind its own ASKING
+Test::More::is($main::C->cli($AkTo, 'SCRIPT', 'FLUSH'), 'OK', "scripts flushed");
+main::new_log();
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: ak-{ak}-new
+--- error_code: 201
+--- response_headers
+!Idempotent-Replayed
+
+
+
+=== TEST 9: ASK: the new record is on the importing master, the map unchanged; its retry is a HIT
+--- init
+my $log = main::new_log();
+Test::More::like($log, qr/"ASK $main::AkSlot 127\.0\.0\.1:\d+"/,
+                 "the claim followed an ASK");
+Test::More::like($log, qr/NOSCRIPT, resent as EVAL/,
+                 "... and was resent as EVAL there");
+Test::More::is(main::execs($log, 'ak-{ak}-new'), 1, "ran once");
+Test::More::is($main::C->cli($main::AkTo, 'CLUSTER', 'COUNTKEYSINSLOT',
+                             $main::AkSlot), 1, "new record on the importing master");
+Test::More::is($main::C->cli($main::AkFrom, 'CLUSTER', 'COUNTKEYSINSLOT',
+                             $main::AkSlot), 1, "old record still on the migrating one");
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: ak-{ak}-new
+--- error_code: 201
+--- response_headers
+Idempotent-Replayed: true
+
+
+
+=== TEST 10: ASK: the record not yet migrated is replayed from the old master, without a redirect
+--- init
+main::new_log();
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: ak-{ak}-old
+--- error_code: 201
+--- response_headers
+Idempotent-Replayed: true
+
+
+
+=== TEST 11: the migration ends: both records are replayed from the new master
+--- init
+my $log = main::new_log();
+Test::More::unlike($log, qr/"(ASK|MOVED) /, "no redirect for the old record");
+Test::More::is($main::C->migrate_keys($main::AkSlot, $main::AkFrom,
+                                      $main::AkTo), 1, "the old record migrated");
+$main::C->migrate_finish($main::AkSlot, $main::AkTo);
+my ($st, $rep) = main::post('ak-{ak}-new');
+Test::More::ok($st == 201 && $rep, "new record replayed");
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: ak-{ak}-old
+--- error_code: 201
+--- response_headers
+Idempotent-Replayed: true
+
+
+
+=== TEST 12: a resharding under a retry storm: every key runs exactly once, every client gets its 201
+--- init
+main::new_log();
+my $out = "$main::C->{dir}/reshard.out";
+my $pid = fork();
+die "fork: $!" unless defined $pid;
+if ($pid == 0) {
+    open STDOUT, '>', $out or POSIX::_exit(127);
+    open STDERR, '>&', \*STDOUT or POSIX::_exit(127);
+    { exec 'redis-cli', '--cluster', 'reshard',
+         '127.0.0.1:' . $main::C->port(0),
+         '--cluster-from', $main::C->id(0), '--cluster-to', $main::C->id(1),
+         '--cluster-slots', 2000, '--cluster-yes' };
+    POSIX::_exit(127);
+}
+my ($done, $status, $done_at);
+my $t0 = Time::HiRes::time();
+my ($res, $retries) = IdemCluster::storm(
+    uri => '/t', keys => [map { "rs-$_" } 1 .. 20000], clients => 3,
+    seconds => 40 * $main::Slow,
+    stop => sub {
+        if (!$done && waitpid($pid, POSIX::WNOHANG()) == $pid) {
+            ($done, $status, $done_at) = (1, $?, Time::HiRes::time());
+        }
+        return $done && Time::HiRes::time() > $done_at + 0.5;
+    });
+if (!$done) {
+    waitpid($pid, 0);
+    ($done, $status) = (1, $?);
+}
+Test::More::is($status, 0, "redis-cli --cluster reshard succeeded")
+    or Test::More::diag(`tail -5 $out`);
+Test::More::ok($main::C->wait_ok(10), "the cluster is ok again");
+my $log = main::new_log();
+my @keys = sort keys %$res;
+my (@twice, @never, @bad);
+for my $k (@keys) {
+    my $n = main::execs($log, $k);
+    push @twice, $k if $n > 1;
+    push @never, $k if $n == 0;
+    push @bad, "$k: @{ $res->{$k} }" if grep { $_ != 201 } @{ $res->{$k} };
+}
+my $moved = () = $log =~ /"MOVED /g;
+my $ask = () = $log =~ /"ASK /g;
+Test::More::note(sprintf "%d keys, %d answers, %d 409 retries, %d MOVED, "
+                 . "%d ASK followed, %.1f s", scalar @keys,
+                 (eval { my $n = 0; $n += @$_ for values %$res; $n }),
+                 $retries, $moved, $ask, Time::HiRes::time() - $t0);
+Test::More::cmp_ok(scalar @keys, '>', 100, "the storm ran (" . @keys . " keys)");
+Test::More::is("@twice", '', "no key ran twice");
+Test::More::is("@never", '', "every answered key ran");
+Test::More::is(scalar @bad, 0, "every client got 201")
+    or Test::More::diag(join "\n", @bad[0 .. ($#bad < 9 ? $#bad : 9)]);
+Test::More::cmp_ok($moved, '>', 0, "MOVED redirects were followed");
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: rs-1
+--- error_code: 201
+--- response_headers
+Idempotent-Replayed: true
+
+
+
+=== TEST 13: failover: a master with a replica is killed while a request is upstream; meanwhile its slots answer 503
+--- init
+# {fo3} is in slot 13551, created on master 2 and moved by no block above
+our $FoSlot = main::keyslot('fo3');
+Test::More::is($main::C->owner($FoSlot), 2, "slot $FoSlot is on master 2");
+our $FoReplica = $main::C->add_replica(2);
+our $FoGo = "$main::C->{dir}/slow-go";
+our $FoPid = main::slow_upstream($FoGo);
+main::first_request('/slow', 'fo-{fo3}-1', undef, 0.5);
+my $rkey = main::record_key('fo-{fo3}-1');
+my $state = '';
+for (1 .. 50) {
+    last if ($state = $main::C->cli_replica($FoReplica, 'HGET', $rkey,
+                                            'state')) eq 'inflight';
+    Time::HiRes::sleep(0.1);
+}
+Test::More::is($state, 'inflight', "the claim reached the replica");
+$main::C->kill_node(2);
+our $FoKilled = Time::HiRes::time();
+Time::HiRes::sleep(0.3);
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: fo-{fo3}-2
+--- error_code: 503
+
+
+
+=== TEST 14: ... the replica takes over; the kept STORE follows the slot there and the retry is a replay
+--- init
+my $end = time + 30 * $main::Slow;
+Time::HiRes::sleep(0.2)
+    while ($main::C->owner($main::FoSlot, 0) // -1) != $main::FoReplica
+          && time < $end;
+Test::More::is($main::C->owner($main::FoSlot, 0), $main::FoReplica,
+               "the replica is the master of slot $main::FoSlot");
+my $promoted = Time::HiRes::time();
+open my $go, '>', $main::FoGo;
+close $go;
+waitpid($main::FoPid, 0);
+my $rkey = main::record_key('fo-{fo3}-1');
+my $state = '';
+for (1 .. 100) {
+    last if ($state = $main::C->cli($main::FoReplica, 'HGET', $rkey,
+                                    'state')) eq 'done';
+    Time::HiRes::sleep(0.1);
+}
+Test::More::is($state, 'done', "the record was completed on the new master");
+Test::More::note(sprintf "failover: replica promoted %.1f s after the kill, "
+                 . "the kept STORE done %.1f s after that", $promoted
+                 - $main::FoKilled, Time::HiRes::time() - $promoted);
+open my $runs, '<', "$main::FoGo.runs";
+my @runs = <$runs>;
+Test::More::is(scalar @runs, 1, "the upstream ran once");
+--- request
+POST /slow
+x
+--- more_headers
+Idempotency-Key: fo-{fo3}-1
+--- error_code: 201
+--- response_headers
+Idempotent-Replayed: true
+
+
+
+=== TEST 15: ... and new keys of those slots run on the new master
+--- init
+# for the next block: the ACL user that docs/deployment.md gives
+for my $i (0, 1, $main::FoReplica) {
+    my $r = $main::C->cli($i, 'ACL', 'SETUSER', 'idem', 'on', '>s3cret',
+                          "~$ENV{TEST_NGINX_PREFIX}*", '+evalsha', '+eval',
+                          '+script|load', '+hmget', '+hset', '+hget',
+                          '+pexpire', '+pttl', '+del', '+cluster|slots',
+                          '+asking');
+    die "ACL SETUSER on $i: $r\n" unless $r eq 'OK';
+}
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: fo-{fo3}-3
+--- error_code: 201
+--- response_headers
+!Idempotent-Replayed
+
+
+
+=== TEST 16: with the documented ACL user: the slot map, and a claim through ASK on a half-migrated slot
+--- http_config eval
+$::HttpConfig =~ s/ cluster/ cluster user=idem password=s3cret/r
+--- config eval: $::Config
+--- init
+our $AcSlot = main::keyslot('ac');
+our $AcFrom = $main::C->owner($AcSlot);
+our ($AcTo) = grep { $_ != $AcFrom } 0, 1, $main::FoReplica;
+$main::C->migrate_start($AcSlot, $AcFrom, $AcTo);
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: acl-{ac}-1
+--- error_code: 201
+--- response_headers
+!Idempotent-Replayed
+--- error_log eval
+[qr/"ASK \d+ 127\.0\.0\.1:\d+"/,
+ qr/slot map from "[^"]+", \d+ ranges, 16384 of 16384 slots covered/]
+--- no_error_log
+refused CLUSTER SLOTS
+AUTH failed
+NOPERM
+
+
+
+=== TEST 17: ... and its retry is a replay
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: acl-{ac}-1
+--- error_code: 201
+--- response_headers
+Idempotent-Replayed: true
+
+
+
+=== TEST 18: "cluster" pointed at a Redis that is not a cluster: 503, nothing written there
+--- skip_eval: 4: !$ENV{TEST_NGINX_REDIS_CTL}
+--- http_config eval
+qq{
+    log_format exec 'EXEC \$request_method \$uri \$http_idempotency_key';
+    idempotency_redis 127.0.0.1:$ENV{TEST_NGINX_REDIS_PORT} cluster
+                      prefix=$ENV{TEST_NGINX_PREFIX}standalone:;
+}
+--- config eval: $::Config
+--- init
+Time::HiRes::sleep(0.5 * $main::Slow);
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: not-a-cluster
+--- error_code: 503
+--- error_log
+refused CLUSTER SLOTS: ERR This instance has cluster support disabled
+
+
+
+=== TEST 19: ... and no record in that Redis (a GET is not protected: it passes)
+--- skip_eval: 2: !$ENV{TEST_NGINX_REDIS_CTL}
+--- init
+Test::More::is(main::redis_cli('--scan', '--pattern',
+                               "$ENV{TEST_NGINX_PREFIX}standalone:*"), '',
+               "nothing written to the standalone Redis");
+--- request
+GET /t
+--- error_code: 201
