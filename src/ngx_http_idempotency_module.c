@@ -456,6 +456,10 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
 static ngx_int_t
 ngx_http_idempotency_init_process(ngx_cycle_t *cycle)
 {
+    if (ngx_http_idempotency_handler_init_process(cycle) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
     return ngx_http_idempotency_redis_init_process(cycle);
 }
 
@@ -464,6 +468,7 @@ static void
 ngx_http_idempotency_exit_process(ngx_cycle_t *cycle)
 {
     ngx_http_idempotency_redis_exit_process(cycle);
+    ngx_http_idempotency_handler_exit_process(cycle);
 }
 
 

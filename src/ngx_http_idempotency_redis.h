@@ -102,9 +102,10 @@ ngx_int_t ngx_http_idempotency_redis_init_process(ngx_cycle_t *cycle);
 void ngx_http_idempotency_redis_exit_process(ngx_cycle_t *cycle);
 
 /*
- * Runs one of the embedded scripts (EVALSHA, falling back to EVAL on
- * NOSCRIPT) with KEYS[1] = key and ARGV = args[0 .. nargs - 1], each sent as
- * a separate binary-safe argument.  The arguments are copied before the
+ * Runs one of the module's commands with KEYS[1] = key and ARGV = args[0 ..
+ * nargs - 1], each sent as a separate binary-safe argument: the claim is
+ * the native "SET key args..." (SET NX GET PX), the others are embedded
+ * scripts (EVALSHA, falling back to EVAL on NOSCRIPT).  The arguments are copied before the
  * call returns.  Returns NULL (and calls nothing) when the command cannot be
  * queued now, e.g. while Redis is unreachable; the caller applies its
  * failure policy at once.  With data NULL the handler gets the op's own
