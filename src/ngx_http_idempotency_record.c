@@ -176,13 +176,13 @@ ngx_http_idempotency_record_parse(const unsigned char *p, size_t len,
     rec->headers = p;
 
     for (q = p; ; q++) {
-        if (end - q < 2) {
+        q = memchr(q, '\r', end - q);
+
+        if (q == NULL || end - q < 2) {
             return -1;
         }
 
-        if (q[0] == '\r' && q[1] == '\n'
-            && (q == p || (q[-2] == '\r' && q[-1] == '\n')))
-        {
+        if (q[1] == '\n' && (q == p || (q[-2] == '\r' && q[-1] == '\n'))) {
             break;
         }
     }

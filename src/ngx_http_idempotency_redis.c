@@ -1801,10 +1801,30 @@ ngx_http_idempotency_redis_frame(ngx_http_idempotency_redis_op_t *op,
 }
 
 
+/* "$<len>\r\n<bytes>\r\n"; the length written by hand: on every command */
+
 static u_char *
 ngx_http_idempotency_redis_bulk(u_char *p, ngx_str_t *s)
 {
-    p = ngx_sprintf(p, "$%uz\r\n", s->len);
+    size_t  n, len;
+    u_char  digits[NGX_SIZE_T_LEN];
+
+    len = s->len;
+    n = 0;
+
+    do {
+        digits[n++] = (u_char) ('0' + len % 10);
+        len /= 10;
+    } while (len);
+
+    *p++ = '$';
+
+    while (n) {
+        *p++ = digits[--n];
+    }
+
+    *p++ = CR;
+    *p++ = LF;
 
     if (s->len) {
         p = ngx_cpymem(p, s->data, s->len);

@@ -4,8 +4,13 @@
 -- KEYS[1] record key
 -- ARGV[1] our in-flight record   ARGV[2] the complete record
 -- ARGV[3] TTL in ms
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-    return 0
+local cur = redis.call('GET', KEYS[1])
+if cur == ARGV[1] then
+    redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+    return 1
 end
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-return 1
+-- a store sent again after a lost reply, whose first copy did run
+if cur == ARGV[2] then
+    return 1
+end
+return 0
