@@ -658,9 +658,9 @@ ngx_http_idempotency_claim_reply(ngx_http_request_t *r,
         {
             ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
                           "idempotency: the record \"%V\" is not a Redis "
-                          "string: written by a version of the module "
-                          "before 0.2 (a hash), or by something else; it "
-                          "is left alone until it expires",
+                          "string: written by an earlier version of the "
+                          "module (a hash) or by something else; it is "
+                          "left alone until it expires",
                           &ctx->rkey);
             return NGX_ERROR;
         }
