@@ -91,8 +91,10 @@ typedef struct {
  * Called exactly once per op, unless the op was cancelled before or the
  * worker exits with a plain (not retryable) op pending: with
  * rc == NGX_HTTP_IDEMPOTENCY_REDIS_OK and the reply (which hiredis frees
- * right after the call: copy what you keep), or with another rc and
- * reply == NULL.  The handler may issue new commands.
+ * right after the call: copy what you keep, or take a string reply's str,
+ * setting it to NULL, and free() it yourself: the claim does so for a HIT),
+ * or with another rc and reply == NULL.  The handler may issue new
+ * commands.
  */
 typedef void (*ngx_http_idempotency_redis_pt)(void *data, redisReply *reply,
     ngx_uint_t rc);
