@@ -173,7 +173,25 @@ EXEC POST /backend old-1
 
 
 
-=== TEST 7: with idempotency_on_store_error open, such a record lets the request through
+=== TEST 7: a string that is not a record of this format is refused with 503 and logged
+--- skip_eval: 3: !$ENV{TEST_NGINX_REDIS_CTL}
+--- init
+main::redis_cli('SET', $ENV{TEST_NGINX_PREFIX} . Digest::SHA::sha256_hex('')
+                       . ':garbage-1', 'idem1 done not-hex');
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: garbage-1
+--- error_code: 503
+--- error_log eval
+qr/the record "[^"]+:garbage-1" is corrupt or not of this module/
+--- no_error_log
+EXEC POST /backend garbage-1
+
+
+
+=== TEST 8: with idempotency_on_store_error open, a record of an older version lets the request through
 --- skip_eval: 4: !$ENV{TEST_NGINX_REDIS_CTL}
 --- http_config eval: $::HttpConfig
 --- config
@@ -203,7 +221,7 @@ EXEC POST /backend old-1
 
 
 
-=== TEST 8: the workers talk to Redis
+=== TEST 9: the workers talk to Redis
 --- http_config eval: $::HttpConfig
 --- config eval: $::Config
 --- request
@@ -215,7 +233,7 @@ Idempotency-Key: down-0
 
 
 
-=== TEST 9: Redis killed: requests get 503 and nothing runs
+=== TEST 10: Redis killed: requests get 503 and nothing runs
 --- skip_eval: 2: !$ENV{TEST_NGINX_REDIS_CTL}
 --- init
 main::redis_ctl('kill');
@@ -231,7 +249,7 @@ EXEC POST /backend down-1
 
 
 
-=== TEST 10: Redis back: the same workers recover without a reload
+=== TEST 11: Redis back: the same workers recover without a reload
 --- skip_eval: 3: !$ENV{TEST_NGINX_REDIS_CTL}
 --- init
 main::redis_ctl('start');
@@ -250,7 +268,7 @@ EXEC POST /backend down-1
 
 
 
-=== TEST 11: nginx reloaded with live Redis connections keeps working
+=== TEST 12: nginx reloaded with live Redis connections keeps working
 --- skip_eval: 2: $ENV{TEST_NGINX_USE_VALGRIND}
 --- init
 my $pidfile = "$ENV{TEST_NGINX_SERVER_ROOT}/logs/nginx.pid";
@@ -271,7 +289,7 @@ EXEC POST /backend reload-1
 
 
 
-=== TEST 12: after the reload, replays work and the old workers left cleanly
+=== TEST 13: after the reload, replays work and the old workers left cleanly
 --- skip_eval: 4: $ENV{TEST_NGINX_USE_VALGRIND}
 --- request
 POST /t
