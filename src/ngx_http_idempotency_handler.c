@@ -28,7 +28,9 @@ static ngx_uint_t  ngx_http_idempotency_waiters;
  * owner token's parts: see ngx_http_idempotency_owner().
  */
 static const EVP_MD  *ngx_http_idempotency_md;
+#if (OPENSSL_VERSION_NUMBER >= 0x30000000L)
 static EVP_MD        *ngx_http_idempotency_md_fetched;
+#endif
 static EVP_MD_CTX    *ngx_http_idempotency_md_ctx;
 static u_char         ngx_http_idempotency_owner_seed[8];
 static uint64_t       ngx_http_idempotency_owner_count;
