@@ -4,7 +4,7 @@
  * redis-cli or written by something else must give an error, never a crash
  * or a read past its end (ASan + UBSan).
  *
- * One input is read three ways:
+ * One input is read four ways:
  *
  *   headers  the input is a record's "headers" field.  Reading it with
  *            ngx_http_idempotency_record_next_header() until 0 or -1:
@@ -26,6 +26,19 @@
  *   status   ngx_http_idempotency_record_status() on the input and on its
  *            first three bytes agrees with a reference: exactly three
  *            digits, 100 to 599.
+ *
+ *   record   ngx_http_idempotency_record_parse() on the input: an error,
+ *            or a record whose every field lies inside the input - the
+ *            state one of three, fingerprint and owner of 1 to 128
+ *            lowercase hex digits, created of 1 to 20 digits, the status
+ *            000 exactly while in flight and 100 to 599 otherwise, the
+ *            header lines (empty, or ending with CR LF) right before the
+ *            empty line and the body running to the end.  Its first line
+ *            written back with ngx_http_idempotency_record_write_head() is
+ *            byte-identical (when created has no leading zero).  Cut inside
+ *            the first line, the header lines or the empty line, it is
+ *            refused; cut inside the body, it reads the same with a shorter
+ *            body.
  *
  * Every buffer handed to the decoder is a heap block of the exact size.
  */
@@ -359,12 +372,138 @@ fuzz_status(const uint8_t *data, size_t size)
 }
 
 
+static int
+all_of(const unsigned char *p, size_t len, int hex)
+{
+    size_t  i;
+
+    for (i = 0; i < len; i++) {
+        if (!((p[i] >= '0' && p[i] <= '9')
+              || (hex && p[i] >= 'a' && p[i] <= 'f')))
+        {
+            return 0;
+        }
+    }
+
+    return 1;
+}
+
+
+static void
+fuzz_record(const uint8_t *data, size_t size)
+{
+    int                             rc;
+    size_t                          i, hlen, cut, cuts[3];
+    unsigned char                  *buf, *p, *head;
+    unsigned long long              created;
+    ngx_http_idempotency_record_t   rec, rec2;
+
+    buf = dup_exact(data, size);
+
+    memset(&rec, 0, sizeof(rec));
+    rc = ngx_http_idempotency_record_parse(buf, size, &rec);
+
+    check(rc == 0 || rc == -1);
+
+    if (rc == -1) {
+        free(buf);
+        return;
+    }
+
+    check(rec.state == NGX_HTTP_IDEMPOTENCY_RECORD_INFLIGHT
+          || rec.state == NGX_HTTP_IDEMPOTENCY_RECORD_DONE
+          || rec.state == NGX_HTTP_IDEMPOTENCY_RECORD_OVERSIZE);
+
+    check(rec.fp > buf && rec.fp_len >= 1
+          && rec.fp_len <= NGX_HTTP_IDEMPOTENCY_RECORD_TOKEN_MAX);
+    check(all_of(rec.fp, rec.fp_len, 1));
+    check(rec.owner == rec.fp + rec.fp_len + 1 && rec.owner_len >= 1
+          && rec.owner_len <= NGX_HTTP_IDEMPOTENCY_RECORD_TOKEN_MAX);
+    check(all_of(rec.owner, rec.owner_len, 1));
+    check(rec.created == rec.owner + rec.owner_len + 1
+          && rec.created_len >= 1 && rec.created_len <= 20);
+    check(all_of(rec.created, rec.created_len, 0));
+
+    if (rec.state == NGX_HTTP_IDEMPOTENCY_RECORD_INFLIGHT) {
+        check(rec.status == 0);
+    } else {
+        check(rec.status >= 100 && rec.status <= 599);
+    }
+
+    check(rec.headers == rec.created + rec.created_len + 6);
+    check(rec.headers_len == 0
+          || (rec.headers_len >= 2
+              && rec.headers[rec.headers_len - 2] == '\r'
+              && rec.headers[rec.headers_len - 1] == '\n'));
+    check(rec.body == rec.headers + rec.headers_len + 2);
+    check(rec.body[-2] == '\r' && rec.body[-1] == '\n');
+    check(rec.body + rec.body_len == buf + size);
+
+    /* the first line, written back */
+
+    hlen = rec.headers - buf;
+
+    if (rec.created_len <= 19
+        && (rec.created_len == 1 || rec.created[0] != '0'))
+    {
+        created = 0;
+        for (i = 0; i < rec.created_len; i++) {
+            created = created * 10 + (rec.created[i] - '0');
+        }
+
+        head = malloc(NGX_HTTP_IDEMPOTENCY_RECORD_HEAD_MAX(rec.fp_len,
+                                                           rec.owner_len));
+        check(head != NULL);
+
+        p = ngx_http_idempotency_record_write_head(head, rec.state, rec.fp,
+                                                   rec.fp_len, rec.owner,
+                                                   rec.owner_len, created,
+                                                   rec.status);
+        check((size_t) (p - head) == hlen);
+        check(hlen <= NGX_HTTP_IDEMPOTENCY_RECORD_HEAD_MAX(rec.fp_len,
+                                                           rec.owner_len));
+        check(memcmp(head, buf, hlen) == 0);
+        free(head);
+    }
+
+    /* cut short */
+
+    cuts[0] = (size_t) (rec.body - buf) - 1;  /* inside the empty line */
+    cuts[1] = size / 2;
+    cuts[2] = hlen - 1;                        /* inside the first line */
+
+    for (i = 0; i < 3; i++) {
+        cut = cuts[i];
+
+        p = dup_exact(buf, cut);
+        memset(&rec2, 0, sizeof(rec2));
+        rc = ngx_http_idempotency_record_parse(p, cut, &rec2);
+
+        if (cut < (size_t) (rec.body - buf)) {
+            check(rc == -1);
+
+        } else {
+            check(rc == 0);
+            check(rec2.state == rec.state && rec2.status == rec.status);
+            check(rec2.headers_len == rec.headers_len);
+            check(rec2.body - p == rec.body - buf);
+            check(rec2.body_len == cut - (size_t) (rec.body - buf));
+        }
+
+        free(p);
+    }
+
+    free(buf);
+}
+
+
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     fuzz_headers(data, size);
     fuzz_round_trip(data, size);
     fuzz_status(data, size);
+    fuzz_record(data, size);
 
     return 0;
 }

@@ -1,9 +1,12 @@
 /*
  * libFuzzer target: what the handler does with Redis' answer to a claim
- * (src/ngx_http_idempotency_handler.c): ngx_http_idempotency_claim_reply()
- * checks the reply and copies it, ngx_http_idempotency_decide() picks the
+ * (src/ngx_http_idempotency_handler.c), "SET key record NX GET PX ms":
+ * ngx_http_idempotency_claim_reply() checks the reply (nil, the record
+ * someone else wrote, an error) and decodes the record, keeping the
+ * reply's string for a HIT, ngx_http_idempotency_decide() picks the
  * outcome, and for HIT ngx_http_idempotency_replay() turns the stored
- * status, headers and body into the response.
+ * status, headers and body into the response, from that string, after
+ * hiredis freed the reply object (as it does right after the callback).
  *
  * The input is RESP, the bytes a Redis server (or something pretending to
  * be one) sends: hiredis' own reader turns it into the redisReply the
@@ -47,6 +50,8 @@ fuzz_fail(const char *what, int line)
 /* ---------------------------------------------------------------- stubs */
 
 ngx_module_t          ngx_http_idempotency_module;
+ngx_pid_t             ngx_pid;
+ngx_uint_t            ngx_process;
 volatile ngx_msec_t   ngx_current_msec;
 volatile ngx_time_t  *ngx_cached_time;
 ngx_rbtree_t          ngx_event_timer_rbtree;
@@ -80,9 +85,36 @@ fuzz_alloc(size_t size, int zero)
 }
 
 
+/* pool cleanups, run after the input as when the request's pool goes */
+
+#define MAX_CLEANUPS  16
+
+static ngx_pool_cleanup_t   cleanups[MAX_CLEANUPS];
+static ngx_uint_t           ncleanups;
+
+
+ngx_pool_cleanup_t *
+ngx_pool_cleanup_add(ngx_pool_t *p, size_t size)
+{
+    (void) p;
+
+    check(size == 0 && ncleanups < MAX_CLEANUPS);
+
+    memset(&cleanups[ncleanups], 0, sizeof(ngx_pool_cleanup_t));
+
+    return &cleanups[ncleanups++];
+}
+
+
 static void
 fuzz_free_all(void)
 {
+    while (ncleanups) {
+        ncleanups--;
+        check(cleanups[ncleanups].handler != NULL);
+        cleanups[ncleanups].handler(cleanups[ncleanups].data);
+    }
+
     while (nblocks) {
         free(blocks[--nblocks]);
     }
@@ -379,7 +411,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
      * hiredis 0.14 allocates the element array of "*N" at once: a hostile
      * "*477777777" is a 3.8 GB calloc() inside hiredis, before the module
      * sees anything.  Not what this target is about: such inputs are
-     * skipped (a claim reply has 4 elements at most).
+     * skipped (a claim reply is no array).
      */
 
     if (huge_array(data, size)) {
@@ -429,6 +461,10 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     ctx->conf = &conf;
     ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_CLAIMING;
     ngx_str_set(&ctx->rkey, "idem:fuzz:key");
+
+    /* the fingerprint of the seeds in corpus/reply: the others mismatch */
+    memcpy(ctx->fingerprint, "0123456789abcdef0123456789abcdef"
+                             "0123456789abcdef0123456789abcdef", 64);
 
     cur = ctx;
     sent_header = sent_body = finalized = problem = renewals = 0;

@@ -90,14 +90,6 @@ ngx_http_idempotency_header_filter(ngx_http_request_t *r)
         return NGX_ERROR;
     }
 
-    if (r->headers_out.content_length_n > 0) {
-        ctx->body_size = r->headers_out.content_length_n;
-        ctx->body = ngx_palloc(r->pool, ctx->body_size);
-        if (ctx->body == NULL) {
-            return NGX_ERROR;
-        }
-    }
-
     ctx->capture = 1;
 
     /* file buffers (proxy temp files) are read into memory for us */
@@ -108,7 +100,11 @@ ngx_http_idempotency_header_filter(ngx_http_request_t *r)
 }
 
 
-/* status and end-to-end headers as "Name: value\r\n" lines */
+/*
+ * End-to-end headers as "Name: value\r\n" lines, written where they go in
+ * the record, which is allocated here: with the response's length when it
+ * is known, the body is then captured without a reallocation.
+ */
 
 static ngx_int_t
 ngx_http_idempotency_snapshot(ngx_http_request_t *r,
@@ -180,12 +176,21 @@ ngx_http_idempotency_snapshot(ngx_http_request_t *r,
         }
     }
 
-    p = ngx_pnalloc(r->pool, len);
-    if (p == NULL) {
+    ctx->headers_len = len;
+    ctx->body_off = NGX_HTTP_IDEMPOTENCY_RECORD_HEAD_MAX(
+                        sizeof(ctx->fingerprint), sizeof(ctx->owner))
+                    + len + sizeof(CRLF) - 1;
+
+    if (r->headers_out.content_length_n > 0) {
+        ctx->body_size = r->headers_out.content_length_n;
+    }
+
+    ctx->record = ngx_pnalloc(r->pool, ctx->body_off + ctx->body_size);
+    if (ctx->record == NULL) {
         return NGX_ERROR;
     }
 
-    ctx->headers.data = p;
+    p = ctx->record + ctx->body_off - len - (sizeof(CRLF) - 1);
 
     if (ct.len) {
         p = ngx_http_idempotency_record_write_header(p,
@@ -227,7 +232,8 @@ ngx_http_idempotency_snapshot(ngx_http_request_t *r,
         }
     }
 
-    ctx->headers.len = p - ctx->headers.data;
+    *p++ = CR;
+    *p++ = LF;
 
     return NGX_OK;
 }
@@ -384,24 +390,21 @@ ngx_http_idempotency_capture(ngx_http_request_t *r,
         size = ngx_max(size, 4096);
         size = ngx_min(size, ctx->conf->max_response_size);
 
-        p = ngx_palloc(r->pool, size);
+        p = ngx_pnalloc(r->pool, ctx->body_off + size);
         if (p == NULL) {
             return NGX_ERROR;
         }
 
-        if (ctx->body_len) {
-            ngx_memcpy(p, ctx->body, ctx->body_len);
-        }
+        /* the header lines and what came of the body */
+        ngx_memcpy(p, ctx->record, ctx->body_off + ctx->body_len);
 
-        if (ctx->body) {
-            ngx_pfree(r->pool, ctx->body);
-        }
+        ngx_pfree(r->pool, ctx->record);
 
-        ctx->body = p;
+        ctx->record = p;
         ctx->body_size = size;
     }
 
-    ngx_memcpy(ctx->body + ctx->body_len, b->pos, len);
+    ngx_memcpy(ctx->record + ctx->body_off + ctx->body_len, b->pos, len);
     ctx->body_len += len;
 
     return NGX_OK;
@@ -427,13 +430,18 @@ ngx_http_idempotency_capture(ngx_http_request_t *r,
 void
 ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx)
 {
-    ngx_str_t                           args[6];
+    u_char                             *p;
+    ngx_str_t                           args[3];
     ngx_uint_t                          script, nargs;
     ngx_http_request_t                 *r;
     ngx_http_idempotency_redis_op_t    *op;
     ngx_http_idempotency_loc_conf_t    *ilcf;
-    u_char                              status[NGX_INT_T_LEN];
     u_char                              ttl[NGX_INT_T_LEN];
+    u_char                              head[
+                                            NGX_HTTP_IDEMPOTENCY_RECORD_HEAD_MAX(
+                                                64,
+                                                NGX_HTTP_IDEMPOTENCY_OWNER_LEN)
+                                            + sizeof(CRLF) - 1];
 
     if (ctx->renew_timer.timer_set) {
         ngx_del_timer(&ctx->renew_timer);
@@ -458,8 +466,9 @@ ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx)
         return;
     }
 
-    args[0].data = ctx->owner;
-    args[0].len = sizeof(ctx->owner);
+    /* the fence: the in-flight record this request's claim wrote */
+
+    args[0] = ctx->inflight;
 
     if (ctx->release) {
         script = NGX_HTTP_IDEMPOTENCY_SCRIPT_RELEASE;
@@ -467,27 +476,48 @@ ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx)
 
     } else {
         script = NGX_HTTP_IDEMPOTENCY_SCRIPT_STORE;
-        nargs = 6;
+        nargs = 3;
         ngx_http_idempotency_stat_inc(ctx->oversize
                                       ? NGX_HTTP_IDEMPOTENCY_STAT_TOO_LARGE
                                       : NGX_HTTP_IDEMPOTENCY_STAT_STORED);
 
         if (ctx->oversize) {
-            ngx_str_set(&args[1], "oversize");
-            ngx_str_null(&args[3]);
-            ngx_str_null(&args[4]);
+            p = ngx_http_idempotency_record_write_head(head,
+                                     NGX_HTTP_IDEMPOTENCY_RECORD_OVERSIZE,
+                                     ctx->fingerprint,
+                                     sizeof(ctx->fingerprint),
+                                     ctx->owner, sizeof(ctx->owner),
+                                     (unsigned long long) ctx->created,
+                                     ctx->status);
+            *p++ = CR;
+            *p++ = LF;
+
+            args[1].data = head;
+            args[1].len = p - head;
 
         } else {
-            ngx_str_set(&args[1], "done");
-            args[3] = ctx->headers;
-            args[4].data = ctx->body;
-            args[4].len = ctx->body_len;
+
+            /* the first line goes right in front of the header lines */
+
+            p = ngx_http_idempotency_record_write_head(head,
+                                     NGX_HTTP_IDEMPOTENCY_RECORD_DONE,
+                                     ctx->fingerprint,
+                                     sizeof(ctx->fingerprint),
+                                     ctx->owner, sizeof(ctx->owner),
+                                     (unsigned long long) ctx->created,
+                                     ctx->status);
+
+            args[1].len = p - head;
+            args[1].data = ctx->record + ctx->body_off - ctx->headers_len
+                           - (sizeof(CRLF) - 1) - args[1].len;
+            ngx_memcpy(args[1].data, head, args[1].len);
+
+            args[1].len += ctx->headers_len + sizeof(CRLF) - 1
+                           + ctx->body_len;
         }
 
-        args[2].data = status;
-        args[2].len = ngx_sprintf(status, "%03ui", ctx->status) - status;
-        args[5].data = ttl;
-        args[5].len = ngx_sprintf(ttl, "%M", ilcf->ttl) - ttl;
+        args[2].data = ttl;
+        args[2].len = ngx_sprintf(ttl, "%M", ilcf->ttl) - ttl;
     }
 
     ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
@@ -636,8 +666,7 @@ ngx_http_idempotency_renew_handler(ngx_event_t *ev)
         return;
     }
 
-    args[0].data = ctx->owner;
-    args[0].len = sizeof(ctx->owner);
+    args[0] = ctx->inflight;
     args[1].data = ttl;
     args[1].len = ngx_sprintf(ttl, "%M", ctx->conf->lock_ttl) - ttl;
 

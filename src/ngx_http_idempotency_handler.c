@@ -3,6 +3,8 @@
  * content handler (MISS), replay (HIT) or answer with a problem.
  */
 
+#include <stdlib.h>
+
 #include <openssl/evp.h>
 #include <openssl/rand.h>
 #include <openssl/sha.h>
@@ -20,6 +22,20 @@
 /* duplicates of this worker waiting for a timer now (idempotency_wait) */
 static ngx_uint_t  ngx_http_idempotency_waiters;
 
+/*
+ * Per worker: SHA-256 fetched once (OpenSSL 3 looks an implicit
+ * EVP_sha256() up in its provider tables, under locks, on every
+ * EVP_DigestInit_ex()), one digest context reset for each use, and the
+ * owner token's parts: see ngx_http_idempotency_owner().
+ */
+static const EVP_MD  *ngx_http_idempotency_md;
+#if (OPENSSL_VERSION_NUMBER >= 0x30000000L)
+static EVP_MD        *ngx_http_idempotency_md_fetched;
+#endif
+static EVP_MD_CTX    *ngx_http_idempotency_md_ctx;
+static u_char         ngx_http_idempotency_owner_seed[8];
+static uint64_t       ngx_http_idempotency_owner_count;
+
 
 static ngx_int_t ngx_http_idempotency_start(ngx_http_request_t *r,
     ngx_http_idempotency_loc_conf_t *ilcf);
@@ -30,12 +46,16 @@ static ngx_int_t ngx_http_idempotency_record_key(ngx_http_request_t *r,
 static void ngx_http_idempotency_body_handler(ngx_http_request_t *r);
 static ngx_int_t ngx_http_idempotency_fingerprint(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
+static void ngx_http_idempotency_owner(ngx_http_idempotency_ctx_t *ctx);
 static void ngx_http_idempotency_claim(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 static void ngx_http_idempotency_claim_handler(void *data, redisReply *reply,
     ngx_uint_t rc);
 static ngx_int_t ngx_http_idempotency_claim_reply(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, redisReply *reply);
+static ngx_int_t ngx_http_idempotency_claim_record(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, redisReply *reply);
+static void ngx_http_idempotency_free_reply(void *data);
 static void ngx_http_idempotency_resume(ngx_http_request_t *r);
 static ngx_int_t ngx_http_idempotency_decide(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
@@ -51,6 +71,68 @@ static ngx_int_t ngx_http_idempotency_replay_header(ngx_http_request_t *r,
 static ngx_int_t ngx_http_idempotency_problem(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, ngx_http_idempotency_outcome_e outcome);
 static void ngx_http_idempotency_cleanup(void *data);
+
+
+ngx_int_t
+ngx_http_idempotency_handler_init_process(ngx_cycle_t *cycle)
+{
+    if (ngx_process != NGX_PROCESS_WORKER
+        && ngx_process != NGX_PROCESS_SINGLE)
+    {
+        return NGX_OK;
+    }
+
+#if (OPENSSL_VERSION_NUMBER >= 0x30000000L)
+    ngx_http_idempotency_md_fetched = EVP_MD_fetch(NULL, "SHA256", NULL);
+    ngx_http_idempotency_md = ngx_http_idempotency_md_fetched;
+#else
+    ngx_http_idempotency_md = EVP_sha256();
+#endif
+
+    ngx_http_idempotency_md_ctx = EVP_MD_CTX_new();
+
+    if (ngx_http_idempotency_md == NULL
+        || ngx_http_idempotency_md_ctx == NULL)
+    {
+        ngx_log_error(NGX_LOG_EMERG, cycle->log, 0,
+                      "idempotency: cannot set up SHA-256 in OpenSSL");
+        return NGX_ERROR;
+    }
+
+    if (RAND_bytes(ngx_http_idempotency_owner_seed,
+                   sizeof(ngx_http_idempotency_owner_seed))
+        != 1)
+    {
+        ngx_log_error(NGX_LOG_EMERG, cycle->log, 0,
+                      "idempotency: RAND_bytes() failed");
+        return NGX_ERROR;
+    }
+
+    ngx_http_idempotency_owner_count = 0;
+
+    return NGX_OK;
+}
+
+
+void
+ngx_http_idempotency_handler_exit_process(ngx_cycle_t *cycle)
+{
+    (void) cycle;
+
+    if (ngx_http_idempotency_md_ctx) {
+        EVP_MD_CTX_free(ngx_http_idempotency_md_ctx);
+        ngx_http_idempotency_md_ctx = NULL;
+    }
+
+#if (OPENSSL_VERSION_NUMBER >= 0x30000000L)
+    if (ngx_http_idempotency_md_fetched) {
+        EVP_MD_free(ngx_http_idempotency_md_fetched);
+        ngx_http_idempotency_md_fetched = NULL;
+    }
+#endif
+
+    ngx_http_idempotency_md = NULL;
+}
 
 
 ngx_int_t
@@ -202,14 +284,7 @@ ngx_http_idempotency_start(ngx_http_request_t *r,
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
-    if (RAND_bytes(ctx->owner, 16) != 1) {
-        ngx_log_error(NGX_LOG_ALERT, r->connection->log, 0,
-                      "idempotency: RAND_bytes() failed");
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
-    }
-
-    ngx_hex_dump(ctx->owner + 16, ctx->owner, 8);
-    ngx_hex_dump(ctx->owner, ctx->owner + 8, 8);
+    ngx_http_idempotency_owner(ctx);
 
     /* the fingerprint needs the whole body, wherever nginx keeps it */
 
@@ -286,6 +361,7 @@ ngx_http_idempotency_record_key(ngx_http_request_t *r,
 {
     u_char                             *p;
     ngx_str_t                           scope;
+    EVP_MD_CTX                         *md_ctx;
     u_char                              md[SHA256_DIGEST_LENGTH];
     ngx_http_idempotency_redis_conf_t  *rcf;
 
@@ -293,7 +369,17 @@ ngx_http_idempotency_record_key(ngx_http_request_t *r,
         return NGX_ERROR;
     }
 
-    SHA256(scope.data, scope.len, md);
+    md_ctx = ngx_http_idempotency_md_ctx;
+
+    if (md_ctx == NULL
+        || EVP_DigestInit_ex(md_ctx, ngx_http_idempotency_md, NULL) != 1
+        || EVP_DigestUpdate(md_ctx, scope.data, scope.len) != 1
+        || EVP_DigestFinal_ex(md_ctx, md, NULL) != 1)
+    {
+        ngx_log_error(NGX_LOG_ALERT, r->connection->log, 0,
+                      "idempotency: SHA-256 of the scope failed");
+        return NGX_ERROR;
+    }
 
     rcf = ctx->conf->redis;
 
@@ -353,14 +439,16 @@ ngx_http_idempotency_fingerprint(ngx_http_request_t *r,
     u_char         md[SHA256_DIGEST_LENGTH];
     u_char         buf[4096];
 
-    md_ctx = EVP_MD_CTX_new();
+    /* the worker's context: this runs to its end without yielding */
+
+    md_ctx = ngx_http_idempotency_md_ctx;
     if (md_ctx == NULL) {
         return NGX_ERROR;
     }
 
     rc = NGX_ERROR;
 
-    if (EVP_DigestInit_ex(md_ctx, EVP_sha256(), NULL) != 1
+    if (EVP_DigestInit_ex(md_ctx, ngx_http_idempotency_md, NULL) != 1
         || EVP_DigestUpdate(md_ctx, r->method_name.data, r->method_name.len)
            != 1
         || EVP_DigestUpdate(md_ctx, " ", 1) != 1
@@ -415,9 +503,51 @@ ngx_http_idempotency_fingerprint(ngx_http_request_t *r,
 
 failed:
 
-    EVP_MD_CTX_free(md_ctx);
-
     return rc;
+}
+
+
+/*
+ * The owner token only has to differ from that of every other claim of the
+ * same record, in any worker of any node, before and after restarts: the
+ * store, release and renew steps act only while the record is still the
+ * in-flight record with this token.  It is the hex of 8 random bytes drawn
+ * once per worker (RAND_bytes at worker start), the worker's pid and a
+ * 64-bit counter.  Within a worker the counter never repeats; two workers
+ * (on any node, at any time) would need the same 64 random bits, about one
+ * chance in 2^64 per pair, and then, on one node at one time, also the same
+ * pid, which the kernel does not give to two live processes.  The random
+ * bytes are drawn once, not per request: RAND_bytes costs more than the
+ * rest of a HIT in the module.
+ */
+
+static void
+ngx_http_idempotency_owner(ngx_http_idempotency_ctx_t *ctx)
+{
+    u_char    *p;
+    uint32_t   pid;
+    uint64_t   n;
+    u_char     raw[8 + 4 + 8];
+    ngx_int_t  i;
+
+    pid = (uint32_t) ngx_pid;
+    n = ++ngx_http_idempotency_owner_count;
+
+    p = ngx_cpymem(raw, ngx_http_idempotency_owner_seed, 8);
+
+    for (i = 3; i >= 0; i--) {
+        p[i] = (u_char) (pid & 0xff);
+        pid >>= 8;
+    }
+
+    p += 4;
+
+    for (i = 7; i >= 0; i--) {
+        p[i] = (u_char) (n & 0xff);
+        n >>= 8;
+    }
+
+    ngx_hex_dump(ctx->owner, raw, sizeof(raw));
 }
 
 
@@ -426,21 +556,38 @@ ngx_http_idempotency_claim(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx)
 {
     u_char      *p;
-    ngx_str_t    args[4];
-    u_char       nums[2 * NGX_INT64_LEN];
+    ngx_str_t    args[5];
+    u_char       ttl[NGX_INT64_LEN];
 
-    p = nums;
+    /*
+     * SET <key> <in-flight record> NX GET PX <lock TTL>: atomic alone, it
+     * claims the key when there is no record (nil reply: MISS) and returns
+     * the record otherwise, changing nothing (HIT, CONFLICT, MISMATCH,
+     * OVERSIZE are decided from it here).  The in-flight record is rebuilt
+     * for each claim (a waiter claims again): its creation time and token
+     * are those of the claim that may win.
+     */
 
-    args[0].data = ctx->fingerprint;
-    args[0].len = sizeof(ctx->fingerprint);
-    args[1].data = ctx->owner;
-    args[1].len = sizeof(ctx->owner);
-    args[2].data = p;
-    p = ngx_sprintf(p, "%M", ctx->conf->lock_ttl);
-    args[2].len = p - args[2].data;
-    args[3].data = p;
-    p = ngx_sprintf(p, "%T", ngx_time());
-    args[3].len = p - args[3].data;
+    ctx->created = ngx_time();
+
+    p = ngx_http_idempotency_record_write_head(ctx->inflight_buf,
+                                     NGX_HTTP_IDEMPOTENCY_RECORD_INFLIGHT,
+                                     ctx->fingerprint,
+                                     sizeof(ctx->fingerprint),
+                                     ctx->owner, sizeof(ctx->owner),
+                                     (unsigned long long) ctx->created, 0);
+    *p++ = CR;
+    *p++ = LF;
+
+    ctx->inflight.data = ctx->inflight_buf;
+    ctx->inflight.len = p - ctx->inflight_buf;
+
+    args[0] = ctx->inflight;
+    ngx_str_set(&args[1], "NX");
+    ngx_str_set(&args[2], "GET");
+    ngx_str_set(&args[3], "PX");
+    args[4].data = ttl;
+    args[4].len = ngx_sprintf(ttl, "%M", ctx->conf->lock_ttl) - ttl;
 
     ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
                    "idempotency claim \"%V\"", &ctx->rkey);
@@ -450,7 +597,7 @@ ngx_http_idempotency_claim(ngx_http_request_t *r,
 
     ctx->op = ngx_http_idempotency_redis_script(ctx->conf->redis,
                                    NGX_HTTP_IDEMPOTENCY_SCRIPT_CLAIM,
-                                   &ctx->rkey, args, 4,
+                                   &ctx->rkey, args, 5,
                                    ngx_http_idempotency_claim_handler, ctx,
                                    r->connection->log);
 
@@ -486,16 +633,41 @@ ngx_http_idempotency_claim_handler(void *data, redisReply *reply,
 }
 
 
-/* copies what the decision needs: hiredis frees the reply after us */
+/*
+ * A nil reply: the key was free and is ours now.  A string: the record
+ * someone else wrote, which decides the answer.  Anything else (e.g.
+ * WRONGTYPE for a record of an older version of the module, a hash) is a
+ * failure of the store.
+ */
 
 static ngx_int_t
 ngx_http_idempotency_claim_reply(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, redisReply *reply)
 {
-    ngx_int_t     n;
-    redisReply  **el;
+    if (reply->type == REDIS_REPLY_NIL) {
+        ctx->reply_kind = NGX_HTTP_IDEMPOTENCY_MISS;
+        return NGX_OK;
+    }
+
+    if (reply->type == REDIS_REPLY_STRING) {
+        return ngx_http_idempotency_claim_record(r, ctx, reply);
+    }
 
     if (reply->type == REDIS_REPLY_ERROR) {
+
+        if (reply->len >= sizeof("WRONGTYPE") - 1
+            && ngx_strncmp(reply->str, "WRONGTYPE", sizeof("WRONGTYPE") - 1)
+               == 0)
+        {
+            ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                          "idempotency: the record key_hash=%s is not a "
+                          "Redis string: written by an earlier version of "
+                          "the module (a hash) or by something else; it is "
+                          "left alone until it expires",
+                          ngx_http_idempotency_key_hash(&ctx->rkey));
+            return NGX_ERROR;
+        }
+
         ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
                       "idempotency: Redis claim failed: %*s, key_hash=%s",
                       (size_t) reply->len, reply->str,
@@ -503,71 +675,89 @@ ngx_http_idempotency_claim_reply(ngx_http_request_t *r,
         return NGX_ERROR;
     }
 
-    if (reply->type != REDIS_REPLY_ARRAY || reply->elements == 0
-        || reply->element[0]->type != REDIS_REPLY_STRING)
-    {
-        goto invalid;
-    }
-
-    el = reply->element;
-
-    ctx->reply_kind.len = el[0]->len;
-    ctx->reply_kind.data = ngx_pnalloc(r->pool, el[0]->len);
-    if (ctx->reply_kind.data == NULL) {
-        return NGX_ERROR;
-    }
-
-    ngx_memcpy(ctx->reply_kind.data, el[0]->str, el[0]->len);
-
-    /* only a HIT carries more to copy; decide() judges every kind */
-
-    if (el[0]->len != sizeof("HIT") - 1
-        || ngx_strncmp(el[0]->str, "HIT", sizeof("HIT") - 1) != 0)
-    {
-        return NGX_OK;
-    }
-
-    if (reply->elements != 4
-        || el[1]->type != REDIS_REPLY_STRING
-        || el[2]->type != REDIS_REPLY_STRING
-        || el[3]->type != REDIS_REPLY_STRING)
-    {
-        goto invalid;
-    }
-
-    n = ngx_http_idempotency_record_status((u_char *) el[1]->str,
-                                           el[1]->len);
-    if (n == -1) {
-        goto invalid;
-    }
-
-    ctx->reply_status = n;
-
-    ctx->reply_headers.len = el[2]->len;
-    ctx->reply_headers.data = ngx_pnalloc(r->pool, el[2]->len + 1);
-    if (ctx->reply_headers.data == NULL) {
-        return NGX_ERROR;
-    }
-
-    ngx_memcpy(ctx->reply_headers.data, el[2]->str, el[2]->len);
-
-    ctx->reply_body.len = el[3]->len;
-    ctx->reply_body.data = ngx_pnalloc(r->pool, el[3]->len + 1);
-    if (ctx->reply_body.data == NULL) {
-        return NGX_ERROR;
-    }
-
-    ngx_memcpy(ctx->reply_body.data, el[3]->str, el[3]->len);
-
-    return NGX_OK;
-
-invalid:
-
     ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
                   "idempotency: unexpected reply to the claim of key_hash=%s",
                   ngx_http_idempotency_key_hash(&ctx->rkey));
 
     return NGX_ERROR;
+}
+
+
+/*
+ * For a HIT the reply's string becomes the request's: replay points into
+ * it (header names, values, the body) without a copy, and a pool cleanup
+ * frees it.  hiredis frees the reply object after us and skips a string
+ * that is NULL.
+ */
+
+static ngx_int_t
+ngx_http_idempotency_claim_record(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, redisReply *reply)
+{
+    ngx_pool_cleanup_t             *cln;
+    ngx_http_idempotency_record_t   rec;
+
+    if (ngx_http_idempotency_record_parse((u_char *) reply->str, reply->len,
+                                          &rec)
+        != 0)
+    {
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "idempotency: the record key_hash=%s is corrupt or "
+                      "not of this module (%uz bytes), not used",
+                      ngx_http_idempotency_key_hash(&ctx->rkey),
+                      (size_t) reply->len);
+        return NGX_ERROR;
+    }
+
+    if (rec.fp_len != sizeof(ctx->fingerprint)
+        || ngx_memcmp(rec.fp, ctx->fingerprint, rec.fp_len) != 0)
+    {
+        ctx->reply_kind = NGX_HTTP_IDEMPOTENCY_MISMATCH;
+        return NGX_OK;
+    }
+
+    switch (rec.state) {
+
+    case NGX_HTTP_IDEMPOTENCY_RECORD_INFLIGHT:
+        ctx->reply_kind = NGX_HTTP_IDEMPOTENCY_CONFLICT;
+        return NGX_OK;
+
+    case NGX_HTTP_IDEMPOTENCY_RECORD_OVERSIZE:
+        ctx->reply_kind = NGX_HTTP_IDEMPOTENCY_OVERSIZE;
+        return NGX_OK;
+
+    default: /* NGX_HTTP_IDEMPOTENCY_RECORD_DONE */
+        break;
+    }
+
+    cln = ngx_pool_cleanup_add(r->pool, 0);
+    if (cln == NULL) {
+        return NGX_ERROR;
+    }
+
+    cln->handler = ngx_http_idempotency_free_reply;
+    cln->data = reply->str;
+
+    reply->str = NULL;
+    reply->len = 0;
+
+    ctx->reply_kind = NGX_HTTP_IDEMPOTENCY_HIT;
+    ctx->reply_status = rec.status;
+    ctx->reply_headers.data = (u_char *) rec.headers;
+    ctx->reply_headers.len = rec.headers_len;
+    ctx->reply_body.data = (u_char *) rec.body;
+    ctx->reply_body.len = rec.body_len;
+
+    return NGX_OK;
+}
+
+
+/* hiredis allocates with malloc() (hiredis 1.x: unless told otherwise) */
+
+static void
+ngx_http_idempotency_free_reply(void *data)
+{
+    free(data);
 }
 
 
@@ -595,52 +785,45 @@ static ngx_int_t
 ngx_http_idempotency_decide(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx)
 {
-    ngx_str_t  *kind;
-
     if (ctx->redis_rc != NGX_HTTP_IDEMPOTENCY_REDIS_OK) {
         return ngx_http_idempotency_redis_failed(r, ctx);
     }
 
-    kind = &ctx->reply_kind;
-
     ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
-                   "idempotency claim of \"%V\": %V", &ctx->rkey, kind);
+                   "idempotency claim of \"%V\": %d", &ctx->rkey,
+                   ctx->reply_kind);
 
-    if (kind->len == 4 && ngx_strncmp(kind->data, "MISS", 4) == 0) {
+    switch (ctx->reply_kind) {
+
+    case NGX_HTTP_IDEMPOTENCY_MISS:
         ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED;
         ctx->outcome = NGX_HTTP_IDEMPOTENCY_MISS;
         ngx_http_idempotency_renew_start(ctx);
         return NGX_DECLINED;
-    }
 
-    ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_SETTLED;
-
-    if (kind->len == 3 && ngx_strncmp(kind->data, "HIT", 3) == 0) {
+    case NGX_HTTP_IDEMPOTENCY_HIT:
+        ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_SETTLED;
         ctx->outcome = NGX_HTTP_IDEMPOTENCY_HIT;
         return ngx_http_idempotency_replay(r, ctx);
-    }
 
-    if (kind->len == 8 && ngx_strncmp(kind->data, "CONFLICT", 8) == 0) {
+    case NGX_HTTP_IDEMPOTENCY_CONFLICT:
+        ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_SETTLED;
         return ngx_http_idempotency_conflict(r, ctx);
+
+    case NGX_HTTP_IDEMPOTENCY_MISMATCH:
+    case NGX_HTTP_IDEMPOTENCY_OVERSIZE:
+        ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_SETTLED;
+        return ngx_http_idempotency_problem(r, ctx, ctx->reply_kind);
+
+    default:
+        ngx_log_error(NGX_LOG_ALERT, r->connection->log, 0,
+                      "idempotency: unexpected claim result %d",
+                      ctx->reply_kind);
+
+        ctx->redis_rc = NGX_HTTP_IDEMPOTENCY_REDIS_ERROR;
+
+        return ngx_http_idempotency_redis_failed(r, ctx);
     }
-
-    if (kind->len == 8 && ngx_strncmp(kind->data, "MISMATCH", 8) == 0) {
-        return ngx_http_idempotency_problem(r, ctx,
-                                            NGX_HTTP_IDEMPOTENCY_MISMATCH);
-    }
-
-    if (kind->len == 8 && ngx_strncmp(kind->data, "OVERSIZE", 8) == 0) {
-        return ngx_http_idempotency_problem(r, ctx,
-                                            NGX_HTTP_IDEMPOTENCY_OVERSIZE);
-    }
-
-    ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                  "idempotency: unexpected claim result \"%V\", key_hash=%s",
-                  kind, ngx_http_idempotency_key_hash(&ctx->rkey));
-
-    ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_DECIDED;
-
-    return ngx_http_idempotency_redis_failed(r, ctx);
 }
 
 

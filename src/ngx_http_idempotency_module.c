@@ -471,6 +471,9 @@ static ngx_int_t
 ngx_http_idempotency_init_process(ngx_cycle_t *cycle)
 {
     ngx_http_idempotency_stats_init_process(cycle);
+    if (ngx_http_idempotency_handler_init_process(cycle) != NGX_OK) {
+        return NGX_ERROR;
+    }
 
     return ngx_http_idempotency_redis_init_process(cycle);
 }
@@ -480,6 +483,7 @@ static void
 ngx_http_idempotency_exit_process(ngx_cycle_t *cycle)
 {
     ngx_http_idempotency_redis_exit_process(cycle);
+    ngx_http_idempotency_handler_exit_process(cycle);
 }
 
 

@@ -23,6 +23,14 @@
 /* duplicates waiting at once in one worker (idempotency_wait) */
 #define NGX_HTTP_IDEMPOTENCY_MAX_WAITERS         1024
 
+/* owner token: hex of a per-worker random seed, the pid and a counter */
+#define NGX_HTTP_IDEMPOTENCY_OWNER_LEN           40
+
+/* "idem1 inflight <fp> <owner> <created> 000\r\n\r\n" */
+#define NGX_HTTP_IDEMPOTENCY_INFLIGHT_MAX                                     \
+    (sizeof("idem1 inflight    000\r\n\r\n") - 1 + 64                       \
+     + NGX_HTTP_IDEMPOTENCY_OWNER_LEN + NGX_INT64_LEN)
+
 /* statuses 0 .. 599 as a bitmap */
 #define NGX_HTTP_IDEMPOTENCY_STATUS_MAX          600
 
@@ -93,7 +101,13 @@ typedef struct {
     ngx_str_t                            key;      /* as the client sent it */
     ngx_str_t                            rkey;     /* the Redis record key */
     u_char                               fingerprint[64];
-    u_char                               owner[32];
+    u_char                               owner[NGX_HTTP_IDEMPOTENCY_OWNER_LEN];
+    time_t                               created;  /* of the last claim */
+
+    /* the record the last claim wrote: the fence of store, release, renew */
+    ngx_str_t                            inflight;
+    u_char                               inflight_buf[
+                                             NGX_HTTP_IDEMPOTENCY_INFLIGHT_MAX];
 
     ngx_http_idempotency_redis_op_t     *op;
     ngx_msec_t                           claimed;  /* claim sent, msec */
@@ -104,17 +118,21 @@ typedef struct {
 
     /* claim result */
     ngx_uint_t                           redis_rc;
-    ngx_str_t                            reply_kind;
+    ngx_http_idempotency_outcome_e       reply_kind;
     ngx_int_t                            reply_status;
     ngx_str_t                            reply_headers;
     ngx_str_t                            reply_body;
 
-    /* capture */
+    /*
+     * capture, straight into the record to store: room for its first line,
+     * the header lines and "\r\n" (body_off bytes), then the body
+     */
     ngx_uint_t                           status;
-    ngx_str_t                            headers;
-    u_char                              *body;
+    u_char                              *record;
+    size_t                               headers_len;
+    size_t                               body_off;
     size_t                               body_len;
-    size_t                               body_size;
+    size_t                               body_size; /* room for the body */
 
     unsigned                             header_seen:1;
     unsigned                             release:1;
@@ -130,6 +148,8 @@ ngx_http_idempotency_ctx_t *ngx_http_idempotency_get_ctx(
     ngx_http_request_t *r);
 
 ngx_int_t ngx_http_idempotency_handler(ngx_http_request_t *r);
+ngx_int_t ngx_http_idempotency_handler_init_process(ngx_cycle_t *cycle);
+void ngx_http_idempotency_handler_exit_process(ngx_cycle_t *cycle);
 ngx_int_t ngx_http_idempotency_filter_init(ngx_conf_t *cf);
 ngx_int_t ngx_http_idempotency_add_variables(ngx_conf_t *cf);
 ngx_http_idempotency_outcome_e ngx_http_idempotency_request_outcome(

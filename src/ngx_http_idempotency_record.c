@@ -1,10 +1,222 @@
 /*
- * Stored-response encoding: header lines in, header lines out.
+ * Stored-record encoding: the first line and the header lines, written and
+ * read back without trusting what Redis returns.
  */
 
 #include <string.h>
 
 #include "ngx_http_idempotency_record.h"
+
+
+#define NGX_HTTP_IDEMPOTENCY_RECORD_MAGIC  "idem1 "
+
+
+typedef struct {
+    const char  *name;
+    size_t       len;
+} ngx_http_idempotency_record_word_t;
+
+
+static const ngx_http_idempotency_record_word_t
+    ngx_http_idempotency_record_states[] = {
+    { "inflight", sizeof("inflight") - 1 },
+    { "done", sizeof("done") - 1 },
+    { "oversize", sizeof("oversize") - 1 }
+};
+
+
+static size_t ngx_http_idempotency_record_field(const unsigned char *p,
+    const unsigned char *end, size_t max, int hex);
+
+
+unsigned char *
+ngx_http_idempotency_record_write_head(unsigned char *p, int state,
+    const unsigned char *fp, size_t fp_len, const unsigned char *owner,
+    size_t owner_len, unsigned long long created, int status)
+{
+    size_t          n;
+    unsigned char   digits[20];
+    const ngx_http_idempotency_record_word_t  *w;
+
+    w = &ngx_http_idempotency_record_states[state];
+
+    memcpy(p, NGX_HTTP_IDEMPOTENCY_RECORD_MAGIC,
+           sizeof(NGX_HTTP_IDEMPOTENCY_RECORD_MAGIC) - 1);
+    p += sizeof(NGX_HTTP_IDEMPOTENCY_RECORD_MAGIC) - 1;
+    memcpy(p, w->name, w->len);
+    p += w->len;
+    *p++ = ' ';
+    memcpy(p, fp, fp_len);
+    p += fp_len;
+    *p++ = ' ';
+    memcpy(p, owner, owner_len);
+    p += owner_len;
+    *p++ = ' ';
+
+    n = 0;
+
+    do {
+        digits[n++] = (unsigned char) ('0' + created % 10);
+        created /= 10;
+    } while (created);
+
+    while (n) {
+        *p++ = digits[--n];
+    }
+
+    *p++ = ' ';
+    *p++ = (unsigned char) ('0' + status / 100 % 10);
+    *p++ = (unsigned char) ('0' + status / 10 % 10);
+    *p++ = (unsigned char) ('0' + status % 10);
+    *p++ = '\r';
+    *p++ = '\n';
+
+    return p;
+}
+
+
+/*
+ * Every field is checked against the end before it is read, so that a
+ * record cut anywhere, or one with a field too long, is refused and never
+ * read past.
+ */
+
+int
+ngx_http_idempotency_record_parse(const unsigned char *p, size_t len,
+    ngx_http_idempotency_record_t *rec)
+{
+    int                   i, n;
+    size_t                k;
+    const unsigned char  *end, *q;
+
+    end = p + len;
+
+    k = sizeof(NGX_HTTP_IDEMPOTENCY_RECORD_MAGIC) - 1;
+
+    if (len < k || memcmp(p, NGX_HTTP_IDEMPOTENCY_RECORD_MAGIC, k) != 0) {
+        return -1;
+    }
+
+    p += k;
+
+    rec->state = -1;
+
+    for (i = 0; i < 3; i++) {
+        k = ngx_http_idempotency_record_states[i].len;
+
+        if ((size_t) (end - p) > k && p[k] == ' '
+            && memcmp(p, ngx_http_idempotency_record_states[i].name, k) == 0)
+        {
+            rec->state = i;
+            p += k + 1;
+            break;
+        }
+    }
+
+    if (rec->state == -1) {
+        return -1;
+    }
+
+    /* fingerprint, owner, created: each ends with a space */
+
+    k = ngx_http_idempotency_record_field(p, end,
+                                NGX_HTTP_IDEMPOTENCY_RECORD_TOKEN_MAX, 1);
+    if (k == 0) {
+        return -1;
+    }
+
+    rec->fp = p;
+    rec->fp_len = k;
+    p += k + 1;
+
+    k = ngx_http_idempotency_record_field(p, end,
+                                NGX_HTTP_IDEMPOTENCY_RECORD_TOKEN_MAX, 1);
+    if (k == 0) {
+        return -1;
+    }
+
+    rec->owner = p;
+    rec->owner_len = k;
+    p += k + 1;
+
+    k = ngx_http_idempotency_record_field(p, end, 20, 0);
+    if (k == 0) {
+        return -1;
+    }
+
+    rec->created = p;
+    rec->created_len = k;
+    p += k + 1;
+
+    /* status and the end of the line */
+
+    if (end - p < 5 || p[3] != '\r' || p[4] != '\n') {
+        return -1;
+    }
+
+    if (rec->state == NGX_HTTP_IDEMPOTENCY_RECORD_INFLIGHT) {
+        if (p[0] != '0' || p[1] != '0' || p[2] != '0') {
+            return -1;
+        }
+
+        n = 0;
+
+    } else {
+        n = ngx_http_idempotency_record_status(p, 3);
+        if (n == -1) {
+            return -1;
+        }
+    }
+
+    rec->status = n;
+    p += 5;
+
+    /* header lines up to an empty line; no line holds CR or LF */
+
+    rec->headers = p;
+
+    for (q = p; ; q++) {
+        q = memchr(q, '\r', end - q);
+
+        if (q == NULL || end - q < 2) {
+            return -1;
+        }
+
+        if (q[1] == '\n' && (q == p || (q[-2] == '\r' && q[-1] == '\n'))) {
+            break;
+        }
+    }
+
+    rec->headers_len = q - p;
+    rec->body = q + 2;
+    rec->body_len = end - (q + 2);
+
+    return 0;
+}
+
+
+/* the length of a field that ends with a space before end, or 0 */
+
+static size_t
+ngx_http_idempotency_record_field(const unsigned char *p,
+    const unsigned char *end, size_t max, int hex)
+{
+    size_t  k;
+
+    for (k = 0; k <= max && p + k < end; k++) {
+        if (p[k] == ' ') {
+            return k;
+        }
+
+        if (!((p[k] >= '0' && p[k] <= '9')
+              || (hex && p[k] >= 'a' && p[k] <= 'f')))
+        {
+            return 0;
+        }
+    }
+
+    return 0;
+}
 
 
 size_t

@@ -1,10 +1,19 @@
 /*
- * The stored response: how status and headers are written into a record and
- * read back.  Pure C with no nginx dependency, so that unit tests can link
- * it alone.
+ * The stored record: how it is written into one Redis string and read
+ * back.  Pure C with no nginx dependency, so that unit tests and fuzzers
+ * can link it alone.
  *
- * A record is one Redis hash: state, fp, owner, created, status (decimal),
- * headers ("Name: value\r\n" lines, readable with redis-cli) and body.
+ * A record is text up to its body, readable with "redis-cli GET":
+ *
+ *   idem1 <state> <fp> <owner> <created> <status>\r\n
+ *   Name: value\r\n            (the stored headers, none while in flight)
+ *   ...
+ *   \r\n
+ *   <body bytes>
+ *
+ * state: inflight, done or oversize; fp: the request fingerprint (hex);
+ * owner: the token of the request that claimed the key (hex); created: the
+ * claim's Unix time; status: three digits, 000 while in flight.
  */
 
 #ifndef _NGX_HTTP_IDEMPOTENCY_RECORD_H_INCLUDED_
@@ -14,6 +23,18 @@
 #include <stddef.h>
 
 
+#define NGX_HTTP_IDEMPOTENCY_RECORD_INFLIGHT  0
+#define NGX_HTTP_IDEMPOTENCY_RECORD_DONE      1
+#define NGX_HTTP_IDEMPOTENCY_RECORD_OVERSIZE  2
+
+/* fingerprint and owner token: 1 .. this many hex digits */
+#define NGX_HTTP_IDEMPOTENCY_RECORD_TOKEN_MAX  128
+
+/* the first line with the longest state and a 20-digit created time */
+#define NGX_HTTP_IDEMPOTENCY_RECORD_HEAD_MAX(fp_len, owner_len)               \
+    (sizeof("idem1 oversize    000\r\n") - 1 + (fp_len) + (owner_len) + 20)
+
+
 typedef struct {
     const unsigned char  *name;
     size_t                name_len;
@@ -21,6 +42,42 @@ typedef struct {
     size_t                value_len;
 } ngx_http_idempotency_record_header_t;
 
+
+/* a record as read: every pointer lies inside the bytes it was read from */
+typedef struct {
+    int                   state;
+    int                   status;      /* 100 .. 599, 0 while in flight */
+    const unsigned char  *fp;
+    size_t                fp_len;
+    const unsigned char  *owner;
+    size_t                owner_len;
+    const unsigned char  *created;     /* decimal digits */
+    size_t                created_len;
+    const unsigned char  *headers;     /* "Name: value\r\n" lines */
+    size_t                headers_len;
+    const unsigned char  *body;
+    size_t                body_len;
+} ngx_http_idempotency_record_t;
+
+
+/*
+ * Writes the first line, "\r\n" included, and returns the end; p must have
+ * room for NGX_HTTP_IDEMPOTENCY_RECORD_HEAD_MAX(fp_len, owner_len) bytes.
+ * status is written as three digits (0 gives "000").  A record is this
+ * line, the header lines, "\r\n" and the body, in that order.
+ */
+unsigned char *ngx_http_idempotency_record_write_head(unsigned char *p,
+    int state, const unsigned char *fp, size_t fp_len,
+    const unsigned char *owner, size_t owner_len,
+    unsigned long long created, int status);
+
+/*
+ * Reads a whole record: 0 and rec filled, or -1 when the bytes are not a
+ * record of this format (truncated, edited, written by something else).
+ * The header lines are only delimited here; next_header() reads them.
+ */
+int ngx_http_idempotency_record_parse(const unsigned char *p, size_t len,
+    ngx_http_idempotency_record_t *rec);
 
 size_t ngx_http_idempotency_record_header_size(size_t name_len,
     size_t value_len);

@@ -259,12 +259,15 @@ static ngx_http_idempotency_redis_transient_t
 };
 
 
-/* per process: the shas are computed by each worker in init_process */
+/*
+ * Per process: the shas are computed by each worker in init_process.  The
+ * claim is Redis' own "SET key value NX GET PX ms" (Redis 7.0 or newer),
+ * atomic alone and much cheaper for Redis than a script: no text, no sha.
+ */
 static ngx_http_idempotency_redis_script_t
     ngx_http_idempotency_redis_scripts[NGX_HTTP_IDEMPOTENCY_SCRIPT_N] = {
 
-    { "claim", ngx_http_idempotency_lua_claim,
-      sizeof(ngx_http_idempotency_lua_claim) - 1, "" },
+    { "claim", NULL, 0, "" },
 
     { "store", ngx_http_idempotency_lua_store,
       sizeof(ngx_http_idempotency_lua_store) - 1, "" },
@@ -303,6 +306,10 @@ ngx_http_idempotency_redis_init_process(ngx_cycle_t *cycle)
 
     for (i = 0; i < NGX_HTTP_IDEMPOTENCY_SCRIPT_N; i++) {
         s = &ngx_http_idempotency_redis_scripts[i];
+
+        if (s->text == NULL) {
+            continue;
+        }
 
         SHA1((const u_char *) s->text, s->len, md);
         ngx_hex_dump(s->sha, md, SHA_DIGEST_LENGTH);
@@ -698,6 +705,10 @@ ngx_http_idempotency_redis_handshake(ngx_http_idempotency_redis_node_t *node)
 
     for (i = 0; i < NGX_HTTP_IDEMPOTENCY_SCRIPT_N; i++) {
         s = &ngx_http_idempotency_redis_scripts[i];
+
+        if (s->text == NULL) {
+            continue;
+        }
 
         argv[2] = s->text;
         argvlen[2] = s->len;
@@ -1309,7 +1320,7 @@ ngx_http_idempotency_redis_op_create(ngx_http_idempotency_redis_node_t *node,
 
 
 /*
- * Hands the command to hiredis as EVALSHA.  NGX_DECLINED: no connection to
+ * Hands the command to hiredis (EVALSHA, or the native command).  NGX_DECLINED: no connection to
  * send it on; NGX_ERROR: hiredis refused it.  Either way the op is where it
  * was.  On REDIS_ERR hiredis keeps no callback.
  */
@@ -1357,7 +1368,7 @@ ngx_http_idempotency_redis_op_send(ngx_http_idempotency_redis_op_t *op)
     ngx_add_timer(&op->timer, node->conf->timeout);
 
     ngx_log_debug6(NGX_LOG_DEBUG_HTTP, node->log, 0,
-                   "idempotency redis: \"%V\" EVALSHA %s queued, "
+                   "idempotency redis: \"%V\" %s queued, "
                    "op:%p, %uz bytes, attempt %ui, %ui pending",
                    &node->name,
                    ngx_http_idempotency_redis_scripts[op->info.script].name,
@@ -2153,8 +2164,9 @@ ngx_http_idempotency_redis_transient(redisReply *reply)
 
 
 /*
- * Puts "*N EVALSHA <sha> 1" or "*N EVAL <text> 1" right in front of the
- * encoded key and args, so the whole command is one contiguous buffer.
+ * Puts "*N EVALSHA <sha> 1", "*N EVAL <text> 1" or, for the claim, "*N SET"
+ * right in front of the encoded key and args, so the whole command is one
+ * contiguous buffer.
  */
 
 static u_char *
@@ -2169,6 +2181,15 @@ ngx_http_idempotency_redis_frame(ngx_http_idempotency_redis_op_t *op,
     u_char             pre[NGX_HTTP_IDEMPOTENCY_REDIS_PREFIX_LEN];
 
     s = &ngx_http_idempotency_redis_scripts[op->info.script];
+
+    if (s->text == NULL) {
+        p = ngx_sprintf(pre, "*%ui\r\n$3\r\nSET\r\n", op->nargs + 2);
+        n = p - pre;
+        start = op->tail - n;
+        ngx_memcpy(start, pre, n);
+        *len = n + op->tail_len;
+        return start;
+    }
 
     if (eval) {
         cmd = "EVAL";
@@ -2199,10 +2220,30 @@ ngx_http_idempotency_redis_frame(ngx_http_idempotency_redis_op_t *op,
 }
 
 
+/* "$<len>\r\n<bytes>\r\n"; the length written by hand: on every command */
+
 static u_char *
 ngx_http_idempotency_redis_bulk(u_char *p, ngx_str_t *s)
 {
-    p = ngx_sprintf(p, "$%uz\r\n", s->len);
+    size_t  n, len;
+    u_char  digits[NGX_SIZE_T_LEN];
+
+    len = s->len;
+    n = 0;
+
+    do {
+        digits[n++] = (u_char) ('0' + len % 10);
+        len /= 10;
+    } while (len);
+
+    *p++ = '$';
+
+    while (n) {
+        *p++ = digits[--n];
+    }
+
+    *p++ = CR;
+    *p++ = LF;
 
     if (s->len) {
         p = ngx_cpymem(p, s->data, s->len);

@@ -96,8 +96,10 @@ typedef struct {
  * Called exactly once per op, unless the op was cancelled before or the
  * worker exits with a plain (not retryable) op pending: with
  * rc == NGX_HTTP_IDEMPOTENCY_REDIS_OK and the reply (which hiredis frees
- * right after the call: copy what you keep), or with another rc and
- * reply == NULL.  The handler may issue new commands.
+ * right after the call: copy what you keep, or take a string reply's str,
+ * setting it to NULL, and free() it yourself: the claim does so for a HIT),
+ * or with another rc and reply == NULL.  The handler may issue new
+ * commands.
  */
 typedef void (*ngx_http_idempotency_redis_pt)(void *data, redisReply *reply,
     ngx_uint_t rc);
@@ -107,9 +109,10 @@ ngx_int_t ngx_http_idempotency_redis_init_process(ngx_cycle_t *cycle);
 void ngx_http_idempotency_redis_exit_process(ngx_cycle_t *cycle);
 
 /*
- * Runs one of the embedded scripts (EVALSHA, falling back to EVAL on
- * NOSCRIPT) with KEYS[1] = key and ARGV = args[0 .. nargs - 1], each sent as
- * a separate binary-safe argument.  The arguments are copied before the
+ * Runs one of the module's commands with KEYS[1] = key and ARGV = args[0 ..
+ * nargs - 1], each sent as a separate binary-safe argument: the claim is
+ * the native "SET key args..." (SET NX GET PX), the others are embedded
+ * scripts (EVALSHA, falling back to EVAL on NOSCRIPT).  The arguments are copied before the
  * call returns.  Returns NULL (and calls nothing) when the command cannot be
  * queued now, e.g. while Redis is unreachable; the caller applies its
  * failure policy at once.  With data NULL the handler gets the op's own

@@ -13,6 +13,7 @@
 use Test::Nginx::Socket 'no_plan';
 use lib 't/lib';
 use IdemTest;
+use Digest::SHA ();
 
 $ENV{TEST_NGINX_REDIS_PORT} ||= 6379;
 $ENV{TEST_NGINX_PREFIX} ||= "t040-$$-" . time() . ":";
@@ -67,8 +68,8 @@ EXEC POST /backend layout-1
 
 
 
-=== TEST 2: redis-cli shows one hash per record, with the TTL, no scope in clear
---- skip_eval: 7: !$ENV{TEST_NGINX_REDIS_CTL}
+=== TEST 2: redis-cli shows one string per record, with the TTL, no scope in clear
+--- skip_eval: 10: !$ENV{TEST_NGINX_REDIS_CTL}
 --- init
 my @keys = split /\n/, main::redis_cli('--scan', '--pattern',
                                        "$ENV{TEST_NGINX_PREFIX}*");
@@ -78,9 +79,20 @@ Test::More::like($keys[0] // '',
                  "prefix, hashed scope, key");
 my $ttl = main::redis_cli('TTL', $keys[0] // 'none');
 Test::More::ok($ttl > 290 && $ttl <= 300, "TTL is idempotency_ttl ($ttl)");
-Test::More::is(main::redis_cli('HGET', $keys[0] // 'none', 'state'), 'done',
-               "the record is complete");
-my $all = main::redis_cli('HGETALL', $keys[0] // 'none');
+Test::More::is(main::redis_cli('TYPE', $keys[0] // 'none'), 'string',
+               "the record is one string");
+my $all = main::redis_cli('GET', $keys[0] // 'none');
+my $fp = Digest::SHA::sha256_hex("POST /t\n" . '{"amount":1}');
+my $now = time();
+Test::More::like($all,
+    qr/^idem1 done \Q$fp\E [0-9a-f]{40} (\d+) 201\r\n/,
+    "the record is complete: state, fingerprint, owner, created, status");
+my ($created) = $all =~ /^idem1 \S+ \S+ \S+ (\d+) /;
+Test::More::ok(defined $created && $created <= $now && $created > $now - 60,
+               "created is the claim's Unix time");
+Test::More::like($all,
+    qr{ 201\r\n(?:[^\r\n]+\r\n)*Content-Type: [^\r\n]+\r\n(?:[^\r\n]+\r\n)*\r\ncreated\n?$},
+    "then the header lines, an empty line and the body");
 Test::More::unlike($all, qr/SECRET-TOKEN/, "the scope is not stored");
 --- request
 POST /t
@@ -141,7 +153,75 @@ EXEC POST /backend ttl-1
 
 
 
-=== TEST 6: the workers talk to Redis
+=== TEST 6: a record of an older version (a Redis hash) is refused with 503, logged, left alone
+--- skip_eval: 3: !$ENV{TEST_NGINX_REDIS_CTL}
+--- http_config eval: $::HttpConfig
+--- config eval: $::Config
+--- init
+main::redis_cli('HSET', $ENV{TEST_NGINX_PREFIX} . Digest::SHA::sha256_hex('')
+                        . ':old-1', 'state', 'done', 'status', '201');
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: old-1
+--- error_code: 503
+--- error_log eval
+qr/the record key_hash=${\ main::key_hash('old-1')} is not a Redis string/
+--- no_error_log
+EXEC POST /backend old-1
+
+
+
+=== TEST 7: a string that is not a record of this format is refused with 503 and logged
+--- skip_eval: 3: !$ENV{TEST_NGINX_REDIS_CTL}
+--- init
+main::redis_cli('SET', $ENV{TEST_NGINX_PREFIX} . Digest::SHA::sha256_hex('')
+                       . ':garbage-1', 'idem1 done not-hex');
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: garbage-1
+--- error_code: 503
+--- error_log eval
+qr/the record key_hash=${\ main::key_hash('garbage-1')} is corrupt or not of this module/
+--- no_error_log
+EXEC POST /backend garbage-1
+
+
+
+=== TEST 8: with idempotency_on_store_error open, a record of an older version lets the request through
+--- skip_eval: 4: !$ENV{TEST_NGINX_REDIS_CTL}
+--- http_config eval: $::HttpConfig
+--- config
+    location = /t {
+        idempotency on;
+        idempotency_on_store_error open;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
+    }
+
+    location = /backend {
+        access_log logs/error.log exec;
+        return 201 "created\n";
+    }
+--- init
+Test::More::is(main::redis_cli('TYPE', $ENV{TEST_NGINX_PREFIX}
+                               . Digest::SHA::sha256_hex('') . ':old-1'),
+               'hash', "the old record was left alone");
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: old-1
+--- error_code: 201
+--- grep_error_log: EXEC POST /backend old-1
+--- grep_error_log_out
+EXEC POST /backend old-1
+
+
+
+=== TEST 9: the workers talk to Redis
 --- http_config eval: $::HttpConfig
 --- config eval: $::Config
 --- request
@@ -153,7 +233,7 @@ Idempotency-Key: down-0
 
 
 
-=== TEST 7: Redis killed: requests get 503 and nothing runs
+=== TEST 10: Redis killed: requests get 503 and nothing runs
 --- skip_eval: 2: !$ENV{TEST_NGINX_REDIS_CTL}
 --- init
 main::redis_ctl('kill');
@@ -169,7 +249,7 @@ EXEC POST /backend down-1
 
 
 
-=== TEST 8: Redis back: the same workers recover without a reload
+=== TEST 11: Redis back: the same workers recover without a reload
 --- skip_eval: 3: !$ENV{TEST_NGINX_REDIS_CTL}
 --- init
 main::redis_ctl('start');
@@ -188,7 +268,7 @@ EXEC POST /backend down-1
 
 
 
-=== TEST 9: nginx reloaded with live Redis connections keeps working
+=== TEST 12: nginx reloaded with live Redis connections keeps working
 --- skip_eval: 2: $ENV{TEST_NGINX_USE_VALGRIND}
 --- init
 my $pidfile = "$ENV{TEST_NGINX_SERVER_ROOT}/logs/nginx.pid";
@@ -209,7 +289,7 @@ EXEC POST /backend reload-1
 
 
 
-=== TEST 10: after the reload, replays work and the old workers left cleanly
+=== TEST 13: after the reload, replays work and the old workers left cleanly
 --- skip_eval: 4: $ENV{TEST_NGINX_USE_VALGRIND}
 --- request
 POST /t

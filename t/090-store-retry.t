@@ -76,13 +76,15 @@ sub redis_dir {
     return;
 }
 
-# state field of the record of $key, '' without one (or without Redis)
+# state of the record of $key (the second word of its first line), ''
+# without one (or without Redis)
 sub record_state {
     my ($key) = @_;
     my ($rkey) = split /\n/, redis_cli('--scan', '--pattern',
                                        "$ENV{TEST_NGINX_PREFIX}*:$key");
     return '' unless $rkey;
-    return redis_cli('HGET', $rkey, 'state');
+    my ($state) = redis_cli('GETRANGE', $rkey, 0, 30) =~ /^idem1 (\w+) /;
+    return $state // '?';
 }
 
 # bounded polls: true once the condition holds, false after $secs

@@ -47,6 +47,13 @@ sub redis {
     return $replies[0];
 }
 
+# the state word of a record (the second word of its first line), or the
+# reply itself when it is not a record (nil, an error)
+sub rstate {
+    my $v = redis('GET', $_[0]);
+    return defined $v && $v =~ /^idem1 (\S+) / ? $1 : $v;
+}
+
 # Several commands on one connection, sent at once, replies in order.
 sub redis_pipeline {
     my (@cmds) = @_;
@@ -108,7 +115,7 @@ sub wait_state {
     my ($rkey, $state, $secs) = @_;
     my $end = Time::HiRes::time() + $secs;
     while (Time::HiRes::time() < $end) {
-        return 1 if (redis('HGET', $rkey, 'state') // '') eq $state;
+        return 1 if (rstate($rkey) // '') eq $state;
         Time::HiRes::sleep(0.05);
     }
     return 0;
@@ -526,7 +533,7 @@ my @want = sort map { $::Base . $_ }
     $::StraddleKey, $::Key8173, 'hdr-after-100', 'hdr-uri-8000';
 Test::More::is_deeply([main::records('hdr-')], \@want,
                       'Redis has a record for each accepted key only');
-Test::More::is(main::redis('HGET', $::Base . $::Key8173, 'state'), 'done',
+Test::More::is(main::rstate($::Base . $::Key8173), 'done',
                'the 8173-character key is one record, completed');
 --- raw_request eval
 main::raw_post('/h', ['Idempotency-Key: hdr-uri-8300'])
@@ -866,7 +873,7 @@ Idempotent-Replayed: true
 --- init
 main::first_request('/m/slow', 'many-inflight', 0.3, 0.1);
 my $rkey = $::Base . 'many-inflight';
-Test::More::is(main::redis('HGET', $rkey, 'state'), 'inflight',
+Test::More::is(main::rstate($rkey), 'inflight',
                'the claim is in flight');
 my $pttl = main::redis('PTTL', $rkey);
 Test::More::ok($pttl > 0 && $pttl <= 20000,
@@ -894,7 +901,7 @@ Test::More::ok(main::wait_state($rkey, 'inflight', 1 * $::Slow),
 main::redis('CONFIG', 'SET', 'maxmemory', 1);
 main::wait_log(qr/\(Redis is out of memory \(maxmemory\)\), kept for a retry/,
                4 * $::Slow);
-my $state = main::redis('HGET', $rkey, 'state');
+my $state = main::rstate($rkey);
 main::redis('CONFIG', 'SET', 'maxmemory', 0);
 Test::More::is($state, 'inflight', 'Redis refused the store while full');
 Test::More::ok(main::wait_state($rkey, 'done', 4 * $::Slow),
@@ -971,7 +978,7 @@ for my $key (@::RedisChars[2 .. $#::RedisChars]) {
     Test::More::like($head, qr/\nIdempotent-Replayed: true(?:\r\n|\z)/,
                      "$key: the retry is a replay");
     Test::More::is($body, "ran [$key]\n", "$key: of its own response");
-    Test::More::is(main::redis('HGET', $::Base . $key, 'state'), 'done',
+    Test::More::is(main::rstate($::Base . $key), 'done',
                    "$key: the Redis key is the exact bytes");
 }
 Test::More::is_deeply([main::records('chr-')],
@@ -1004,7 +1011,7 @@ EXEC POST /backend key=\x22chr-sp ace
 
 === TEST 29: Redis characters: the record of the quoted key has the decoded name; spaces and tabs around a bare key are not part of it
 --- init
-Test::More::is(main::redis('HGET', $::Base . 'chr-sp ace "q" \\b', 'state'),
+Test::More::is(main::rstate($::Base . 'chr-sp ace "q" \\b'),
                'done', 'the decoded key is the Redis key');
 --- raw_request eval
 main::raw_post('/c', ["Idempotency-Key: \t chr-around \t"])

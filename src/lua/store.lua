@@ -1,12 +1,16 @@
--- Store step: completes a record, only if the claim is still ours.
+-- Store step: completes a record, only if the claim is still ours: the
+-- record must still be, byte for byte, the in-flight record this request
+-- wrote with its claim (it holds the request's owner token).
 -- KEYS[1] record key
--- ARGV[1] owner token   ARGV[2] state ('done' or 'oversize')
--- ARGV[3] status        ARGV[4] headers   ARGV[5] body
--- ARGV[6] TTL in ms
-if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then
-    return 0
+-- ARGV[1] our in-flight record   ARGV[2] the complete record
+-- ARGV[3] TTL in ms
+local cur = redis.call('GET', KEYS[1])
+if cur == ARGV[1] then
+    redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+    return 1
 end
-redis.call('HSET', KEYS[1], 'state', ARGV[2], 'status', ARGV[3],
-           'headers', ARGV[4], 'body', ARGV[5])
-redis.call('PEXPIRE', KEYS[1], ARGV[6])
-return 1
+-- a store sent again after a lost reply, whose first copy did run
+if cur == ARGV[2] then
+    return 1
+end
+return 0

@@ -1,10 +1,11 @@
 /*
- * Unit tests of the stored-response header encoding.
+ * Unit tests of the stored-record encoding: first line, header lines.
  */
 
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
+#include <stdlib.h>
 #include <string.h>
 #include <cmocka.h>
 
@@ -101,6 +102,209 @@ test_status(void **state)
 }
 
 
+#define FP     "0123456789abcdef0123456789abcdef" \
+               "0123456789abcdef0123456789abcdef"
+#define OWNER  "00112233445566778899aabbccddeeff00000001"
+
+
+/* a heap block of the exact size, so that ASan sees any over-read */
+
+static int
+parse_exact(const char *text, size_t len, ngx_http_idempotency_record_t *rec)
+{
+    int             rc;
+    unsigned char  *p;
+
+    p = malloc(len ? len : 1);
+    assert_non_null(p);
+    memcpy(p, text, len);
+
+    rc = ngx_http_idempotency_record_parse(p, len, rec);
+
+    if (rc == 0) {
+        /* what it points to lies inside the block */
+        assert_true(rec->fp >= p && rec->fp + rec->fp_len <= p + len);
+        assert_true(rec->owner >= p
+                    && rec->owner + rec->owner_len <= p + len);
+        assert_true(rec->headers >= p
+                    && rec->headers + rec->headers_len <= p + len);
+        assert_true(rec->body >= p && rec->body + rec->body_len == p + len);
+    }
+
+    free(p);
+
+    return rc;
+}
+
+
+static void
+test_record_round_trip(void **state)
+{
+    unsigned char                  buf[512], *p;
+    ngx_http_idempotency_record_t  rec;
+
+    (void) state;
+
+    p = ngx_http_idempotency_record_write_head(buf,
+            NGX_HTTP_IDEMPOTENCY_RECORD_DONE,
+            (const unsigned char *) FP, 64,
+            (const unsigned char *) OWNER, 40, 1764500000ULL, 201);
+
+    assert_true((size_t) (p - buf)
+                <= NGX_HTTP_IDEMPOTENCY_RECORD_HEAD_MAX(64, 40));
+    assert_memory_equal(buf, "idem1 done " FP " " OWNER " 1764500000 201\r\n",
+                        p - buf);
+
+    p = ngx_http_idempotency_record_write_header(p,
+            (const unsigned char *) "Content-Type", 12,
+            (const unsigned char *) "application/json", 16);
+    memcpy(p, "\r\n{\"id\":1}\r\n\r\n", 14);
+    p += 14;
+
+    assert_int_equal(ngx_http_idempotency_record_parse(buf, p - buf, &rec),
+                     0);
+    assert_int_equal(rec.state, NGX_HTTP_IDEMPOTENCY_RECORD_DONE);
+    assert_int_equal(rec.status, 201);
+    assert_int_equal(rec.fp_len, 64);
+    assert_memory_equal(rec.fp, FP, 64);
+    assert_int_equal(rec.owner_len, 40);
+    assert_memory_equal(rec.owner, OWNER, 40);
+    assert_int_equal(rec.created_len, 10);
+    assert_memory_equal(rec.created, "1764500000", 10);
+    assert_int_equal(rec.headers_len, 32);
+    assert_memory_equal(rec.headers, "Content-Type: application/json\r\n",
+                        32);
+
+    /* a body may hold anything, an empty line included */
+    assert_int_equal(rec.body_len, 12);
+    assert_memory_equal(rec.body, "{\"id\":1}\r\n\r\n", 12);
+
+    /* in flight: status 000, no headers, no body */
+
+    p = ngx_http_idempotency_record_write_head(buf,
+            NGX_HTTP_IDEMPOTENCY_RECORD_INFLIGHT,
+            (const unsigned char *) FP, 64,
+            (const unsigned char *) OWNER, 40, 0, 0);
+    *p++ = '\r';
+    *p++ = '\n';
+
+    assert_memory_equal(buf, "idem1 inflight " FP " " OWNER " 0 000\r\n\r\n",
+                        p - buf);
+    assert_int_equal(ngx_http_idempotency_record_parse(buf, p - buf, &rec),
+                     0);
+    assert_int_equal(rec.state, NGX_HTTP_IDEMPOTENCY_RECORD_INFLIGHT);
+    assert_int_equal(rec.status, 0);
+    assert_int_equal(rec.headers_len, 0);
+    assert_int_equal(rec.body_len, 0);
+
+    p = ngx_http_idempotency_record_write_head(buf,
+            NGX_HTTP_IDEMPOTENCY_RECORD_OVERSIZE,
+            (const unsigned char *) FP, 64,
+            (const unsigned char *) OWNER, 40, 18446744073709551615ULL, 200);
+    *p++ = '\r';
+    *p++ = '\n';
+
+    assert_true((size_t) (p - buf)
+                <= NGX_HTTP_IDEMPOTENCY_RECORD_HEAD_MAX(64, 40) + 2);
+    assert_int_equal(ngx_http_idempotency_record_parse(buf, p - buf, &rec),
+                     0);
+    assert_int_equal(rec.state, NGX_HTTP_IDEMPOTENCY_RECORD_OVERSIZE);
+    assert_int_equal(rec.status, 200);
+    assert_int_equal(rec.created_len, 20);
+}
+
+
+static void
+test_record_truncated(void **state)
+{
+    size_t                          len, cut;
+    const char                     *text;
+    ngx_http_idempotency_record_t   rec;
+
+    (void) state;
+
+    text = "idem1 done " FP " " OWNER " 1764500000 200\r\n"
+           "A: b\r\nC: d\r\n\r\n";
+    len = strlen(text);
+
+    assert_int_equal(parse_exact(text, len, &rec), 0);
+    assert_int_equal(rec.body_len, 0);
+
+    /* cut anywhere before the empty line: refused */
+
+    for (cut = 0; cut < len; cut++) {
+        assert_int_equal(parse_exact(text, cut, &rec), -1);
+    }
+}
+
+
+static void
+test_record_hostile(void **state)
+{
+    size_t                          i;
+    ngx_http_idempotency_record_t   rec;
+    const char                     *bad[] = {
+        "",
+        "idem1",
+        "idem2 done " FP " " OWNER " 1 200\r\n\r\n",
+        "IDEM1 done " FP " " OWNER " 1 200\r\n\r\n",
+        "idem1 gone " FP " " OWNER " 1 200\r\n\r\n",
+        "idem1 donee " FP " " OWNER " 1 200\r\n\r\n",
+        "idem1 done  " FP " " OWNER " 1 200\r\n\r\n",
+        "idem1 done " FP "  " OWNER " 1 200\r\n\r\n",
+        "idem1 done " FP " " OWNER "  1 200\r\n\r\n",
+        "idem1 done " FP " " OWNER " 1  200\r\n\r\n",
+        "idem1 done " "0123456789ABCDEF" " " OWNER " 1 200\r\n\r\n",
+        "idem1 done " FP " " OWNER " -1 200\r\n\r\n",
+        "idem1 done " FP " " OWNER " 123456789012345678901 200\r\n\r\n",
+        "idem1 done " FP " " OWNER " 1 099\r\n\r\n",
+        "idem1 done " FP " " OWNER " 1 600\r\n\r\n",
+        "idem1 done " FP " " OWNER " 1 000\r\n\r\n",
+        "idem1 done " FP " " OWNER " 1 20\r\n\r\n",
+        "idem1 done " FP " " OWNER " 1 2000\r\n\r\n",
+        "idem1 done " FP " " OWNER " 1 200\n\r\n",
+        "idem1 done " FP " " OWNER " 1 200\r\n\n",
+        "idem1 done " FP " " OWNER " 1 200\r\nA: b\r\n",
+        "idem1 done " FP " " OWNER " 1 200\r\nA: b\r\n\r",
+        "idem1 inflight " FP " " OWNER " 1 200\r\n\r\n",
+        "idem1 inflight " FP " " OWNER " 1 000",
+        "idem1 inflight " FP " " OWNER,
+    };
+
+    (void) state;
+
+    for (i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        assert_int_equal(parse_exact(bad[i], strlen(bad[i]), &rec), -1);
+    }
+
+    /* a field of 128 hex digits is read, one of 129 is not */
+
+    {
+        char  text[400];
+
+        memset(text, 0, sizeof(text));
+        strcpy(text, "idem1 inflight ");
+        memset(text + strlen(text), 'a', 128);
+        strcat(text, " b 1 000\r\n\r\n");
+
+        assert_int_equal(parse_exact(text, strlen(text), &rec), 0);
+        assert_int_equal(rec.fp_len, 128);
+
+        memset(text, 0, sizeof(text));
+        strcpy(text, "idem1 inflight ");
+        memset(text + strlen(text), 'a', 129);
+        strcat(text, " b 1 000\r\n\r\n");
+
+        assert_int_equal(parse_exact(text, strlen(text), &rec), -1);
+    }
+
+    /* a NUL inside the first line */
+
+    assert_int_equal(parse_exact("idem1 done a\0 b 1 200\r\n\r\n", 25, &rec),
+                     -1);
+}
+
+
 int
 main(void)
 {
@@ -108,6 +312,9 @@ main(void)
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_corrupt),
         cmocka_unit_test(test_status),
+        cmocka_unit_test(test_record_round_trip),
+        cmocka_unit_test(test_record_truncated),
+        cmocka_unit_test(test_record_hostile),
     };
 
     return cmocka_run_group_tests_name("record", tests, NULL, NULL);
