@@ -8,6 +8,12 @@
 #include "ngx_http_idempotency_stats.h"
 
 
+/* the first line of a completed record, with its CRLF */
+#define NGX_HTTP_IDEMPOTENCY_HEAD_LEN                                         \
+    (NGX_HTTP_IDEMPOTENCY_RECORD_HEAD_MAX(64, NGX_HTTP_IDEMPOTENCY_OWNER_LEN) \
+     + sizeof(CRLF) - 1)
+
+
 static ngx_int_t ngx_http_idempotency_header_filter(ngx_http_request_t *r);
 static ngx_int_t ngx_http_idempotency_body_filter(ngx_http_request_t *r,
     ngx_chain_t *in);
@@ -437,11 +443,7 @@ ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx)
     ngx_http_idempotency_redis_op_t    *op;
     ngx_http_idempotency_loc_conf_t    *ilcf;
     u_char                              ttl[NGX_INT_T_LEN];
-    u_char                              head[
-                                            NGX_HTTP_IDEMPOTENCY_RECORD_HEAD_MAX(
-                                                64,
-                                                NGX_HTTP_IDEMPOTENCY_OWNER_LEN)
-                                            + sizeof(CRLF) - 1];
+    u_char                              head[NGX_HTTP_IDEMPOTENCY_HEAD_LEN];
 
     if (ctx->renew_timer.timer_set) {
         ngx_del_timer(&ctx->renew_timer);
@@ -695,6 +697,24 @@ static void
 ngx_http_idempotency_renew_done(void *data, redisReply *reply, ngx_uint_t rc)
 {
     ngx_str_t *key = data;
+
+    /*
+     * An error reply (NOPERM, OOM, ...) leaves the claim to expire at its
+     * old time; a connection failure is logged by the connection itself.
+     * The next renewal tries again either way.
+     */
+
+    if (rc == NGX_HTTP_IDEMPOTENCY_REDIS_OK
+        && reply->type == REDIS_REPLY_ERROR)
+    {
+        ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0,
+                      "idempotency: renewing the claim on key_hash=%s "
+                      "failed: %*s; if its request outlasts "
+                      "idempotency_lock_ttl, a retry may run the operation "
+                      "again", ngx_http_idempotency_key_hash(key),
+                      (size_t) reply->len, reply->str);
+        return;
+    }
 
     if (rc == NGX_HTTP_IDEMPOTENCY_REDIS_OK
         && reply->type == REDIS_REPLY_INTEGER && reply->integer == 0)

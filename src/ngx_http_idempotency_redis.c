@@ -1320,9 +1320,10 @@ ngx_http_idempotency_redis_op_create(ngx_http_idempotency_redis_node_t *node,
 
 
 /*
- * Hands the command to hiredis (EVALSHA, or the native command).  NGX_DECLINED: no connection to
- * send it on; NGX_ERROR: hiredis refused it.  Either way the op is where it
- * was.  On REDIS_ERR hiredis keeps no callback.
+ * Hands the command to hiredis (EVALSHA, or the native command).
+ * NGX_DECLINED: no connection to send it on; NGX_ERROR: hiredis refused it.
+ * Either way the op is where it was.  On REDIS_ERR hiredis keeps no
+ * callback.
  */
 
 static ngx_int_t

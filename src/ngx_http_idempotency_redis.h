@@ -110,13 +110,13 @@ void ngx_http_idempotency_redis_exit_process(ngx_cycle_t *cycle);
 
 /*
  * Runs one of the module's commands with KEYS[1] = key and ARGV = args[0 ..
- * nargs - 1], each sent as a separate binary-safe argument: the claim is
- * the native "SET key args..." (SET NX GET PX), the others are embedded
- * scripts (EVALSHA, falling back to EVAL on NOSCRIPT).  The arguments are copied before the
- * call returns.  Returns NULL (and calls nothing) when the command cannot be
- * queued now, e.g. while Redis is unreachable; the caller applies its
- * failure policy at once.  With data NULL the handler gets the op's own
- * ngx_http_idempotency_redis_info_t (key first) as its data, for
+ * nargs - 1], each sent as a separate binary-safe argument: the claim is the
+ * native "SET key args..." (SET NX GET PX), the others are embedded scripts
+ * (EVALSHA, falling back to EVAL on NOSCRIPT).  The arguments are copied
+ * before the call returns.  Returns NULL (and calls nothing) when the
+ * command cannot be queued now, e.g. while Redis is unreachable; the caller
+ * applies its failure policy at once.  With data NULL the handler gets the
+ * op's own ngx_http_idempotency_redis_info_t (key first) as its data, for
  * fire-and-forget commands that outlive their request and only need the key
  * to log.
  */

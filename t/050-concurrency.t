@@ -47,6 +47,12 @@ our $Config = q{
 
 $ENV{TEST_NGINX_RATE} = $Rate;
 
+# TEST 6a's Redis user: may claim (SET) but not run the scripts.  Made
+# before any nginx starts, as workers connect at once.
+main::redis_cli('ACL', 'SETUSER', 'norenew', 'reset', 'on', '>n0renew',
+                "~$ENV{TEST_NGINX_PREFIX}*", '+set', '+get', '+script|load')
+    if $ENV{TEST_NGINX_REDIS_CTL};
+
 no_shuffle();
 run_tests();
 
@@ -194,6 +200,40 @@ EXEC POST /backend renew-1
 --- no_error_log
 was lost
 
+
+
+=== TEST 6a: a renewal Redis refuses is logged with the reason
+An ACL user that may claim (SET) but not run the scripts: the claim is
+made, each renewal gets NOPERM, and the worker says so.
+--- http_config eval
+qq{
+    log_format exec 'EXEC \$request_method \$uri \$http_idempotency_key';
+    idempotency_redis 127.0.0.1:$ENV{TEST_NGINX_REDIS_PORT}
+                      user=norenew password=n0renew
+                      prefix=$ENV{TEST_NGINX_PREFIX};
+}
+--- config
+    location = /t {
+        idempotency on;
+        idempotency_lock_ttl 300ms;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
+    }
+
+    location = /backend {
+        access_log logs/error.log exec;
+        limit_rate $TEST_NGINX_RATE;
+        return 201 "slow done\n";
+    }
+--- skip_eval: 2: !$ENV{TEST_NGINX_REDIS_CTL}
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: renew-noperm-1
+--- error_code: 201
+--- wait eval: 0.5 * $::Slow
+--- error_log eval
+qr/renewing the claim on key_hash=${\ main::key_hash('renew-noperm-1')} failed: NOPERM/
 
 
 === TEST 7: a claim lost in Redis is not overwritten by its late owner
