@@ -1,9 +1,10 @@
 package StormRun;
 
-# Runs bench/storm.py from a plain Test::More file (t/061-chaos.t,
-# t/062-multinode.t) and checks its verdict.  storm.py starts its own nginx,
-# upstream and Redis on 127.0.0.1 and stops them again, also on SIGTERM,
-# which is what this sends when a run overstays its alarm.
+# Runs bench/storm.py from a plain Test::More file (t/060-storm.t,
+# t/061-chaos.t, t/062-multinode.t) and checks its verdict.  storm.py
+# starts its own nginx, upstream and Redis on 127.0.0.1 and stops them
+# again, also on SIGTERM, which is what this sends when a run overstays its
+# alarm.
 
 use strict;
 use warnings;
