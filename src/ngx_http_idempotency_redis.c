@@ -625,6 +625,34 @@ ngx_http_idempotency_redis_connect(ngx_http_idempotency_redis_node_t *node)
 }
 
 
+/*
+ * "AUTH [user] password" (the ACL form with a user, the requirepass form
+ * without) into argv and argvlen, which have room for 3; returns argc.
+ */
+
+int
+ngx_http_idempotency_redis_auth_args(ngx_str_t *user, ngx_str_t *password,
+    const char **argv, size_t *argvlen)
+{
+    int  argc;
+
+    argc = 0;
+
+    argv[argc] = "AUTH";
+    argvlen[argc++] = sizeof("AUTH") - 1;
+
+    if (user->len) {
+        argv[argc] = (const char *) user->data;
+        argvlen[argc++] = user->len;
+    }
+
+    argv[argc] = (const char *) password->data;
+    argvlen[argc++] = password->len;
+
+    return argc;
+}
+
+
 static ngx_int_t
 ngx_http_idempotency_redis_handshake(ngx_http_idempotency_redis_node_t *node)
 {
@@ -643,18 +671,9 @@ ngx_http_idempotency_redis_handshake(ngx_http_idempotency_redis_node_t *node)
     node->handshake = 0;
 
     if (rcf->password.len) {
-        argc = 0;
-
-        argv[argc] = "AUTH";
-        argvlen[argc++] = sizeof("AUTH") - 1;
-
-        if (rcf->user.len) {
-            argv[argc] = (const char *) rcf->user.data;
-            argvlen[argc++] = rcf->user.len;
-        }
-
-        argv[argc] = (const char *) rcf->password.data;
-        argvlen[argc++] = rcf->password.len;
+        argc = ngx_http_idempotency_redis_auth_args(&rcf->user,
+                                                    &rcf->password, argv,
+                                                    argvlen);
 
         if (redisAsyncCommandArgv(ac, ngx_http_idempotency_redis_setup_reply,
                                   "AUTH failed", argc, argv, argvlen)

@@ -105,6 +105,8 @@ typedef void (*ngx_http_idempotency_redis_pt)(void *data, redisReply *reply,
     ngx_uint_t rc);
 
 
+int ngx_http_idempotency_redis_auth_args(ngx_str_t *user,
+    ngx_str_t *password, const char **argv, size_t *argvlen);
 ngx_int_t ngx_http_idempotency_redis_init_process(ngx_cycle_t *cycle);
 void ngx_http_idempotency_redis_exit_process(ngx_cycle_t *cycle);
 

@@ -989,18 +989,9 @@ ngx_http_idempotency_sentinel_connect(ngx_http_idempotency_sentinel_t *s,
         return ac;
     }
 
-    argc = 0;
-
-    argv[argc] = "AUTH";
-    argvlen[argc++] = sizeof("AUTH") - 1;
-
-    if (rcf->sentinel_user.len) {
-        argv[argc] = (const char *) rcf->sentinel_user.data;
-        argvlen[argc++] = rcf->sentinel_user.len;
-    }
-
-    argv[argc] = (const char *) rcf->sentinel_password.data;
-    argvlen[argc++] = rcf->sentinel_password.len;
+    argc = ngx_http_idempotency_redis_auth_args(&rcf->sentinel_user,
+                                                &rcf->sentinel_password,
+                                                argv, argvlen);
 
     if (redisAsyncCommandArgv(ac, fn, &ngx_http_idempotency_sentinel_auth,
                               argc, argv, argvlen)
