@@ -483,33 +483,27 @@ ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx)
                                       ? NGX_HTTP_IDEMPOTENCY_STAT_TOO_LARGE
                                       : NGX_HTTP_IDEMPOTENCY_STAT_STORED);
 
+        p = ngx_http_idempotency_record_write_head(head,
+                                 ctx->oversize
+                                 ? NGX_HTTP_IDEMPOTENCY_RECORD_OVERSIZE
+                                 : NGX_HTTP_IDEMPOTENCY_RECORD_DONE,
+                                 ctx->fingerprint, sizeof(ctx->fingerprint),
+                                 ctx->owner, sizeof(ctx->owner),
+                                 (unsigned long long) ctx->created,
+                                 ctx->status);
+        args[1].len = p - head;
+
         if (ctx->oversize) {
-            p = ngx_http_idempotency_record_write_head(head,
-                                     NGX_HTTP_IDEMPOTENCY_RECORD_OVERSIZE,
-                                     ctx->fingerprint,
-                                     sizeof(ctx->fingerprint),
-                                     ctx->owner, sizeof(ctx->owner),
-                                     (unsigned long long) ctx->created,
-                                     ctx->status);
             *p++ = CR;
             *p++ = LF;
 
             args[1].data = head;
-            args[1].len = p - head;
+            args[1].len += sizeof(CRLF) - 1;
 
         } else {
 
             /* the first line goes right in front of the header lines */
 
-            p = ngx_http_idempotency_record_write_head(head,
-                                     NGX_HTTP_IDEMPOTENCY_RECORD_DONE,
-                                     ctx->fingerprint,
-                                     sizeof(ctx->fingerprint),
-                                     ctx->owner, sizeof(ctx->owner),
-                                     (unsigned long long) ctx->created,
-                                     ctx->status);
-
-            args[1].len = p - head;
             args[1].data = ctx->record + ctx->body_off - ctx->headers_len
                            - (sizeof(CRLF) - 1) - args[1].len;
             ngx_memcpy(args[1].data, head, args[1].len);
