@@ -457,6 +457,9 @@ def subject_conf(subject, opts, port):
         %s
         location / {
             idempotency on;
+            # the load generator sends no credentials: one deliberate
+            # shared namespace (an empty scope would be refused)
+            idempotency_scope bench;
             idempotency_ttl 1h;
             idempotency_max_response_size 2m;
             proxy_pass http://app;

@@ -431,6 +431,9 @@ http {{
 
         location / {{
             idempotency on;
+            # the storm clients send no credentials: one deliberate
+            # shared namespace (an empty scope would be refused)
+            idempotency_scope storm;
             idempotency_redis {redis};
             idempotency_lock_ttl {lock_ttl};
 {extra}            # which node and worker ran an execution (the upstream

@@ -31,7 +31,8 @@
  *            or a record whose every field lies inside the input - the
  *            state one of three, fingerprint and owner of 1 to 128
  *            lowercase hex digits, created of 1 to 20 digits, the status
- *            000 exactly while in flight and 100 to 599 otherwise, the
+ *            000 exactly while in flight and 200 to 599 otherwise (an
+ *            interim 1xx response is never a record), the
  *            header lines (empty, or ending with CR LF) right before the
  *            empty line and the body running to the end.  Its first line
  *            written back with ngx_http_idempotency_record_write_head() is
@@ -389,10 +390,52 @@ all_of(const unsigned char *p, size_t len, int hex)
 }
 
 
+/* a reference for ngx_http_idempotency_record_validate() */
+
+static int
+validate_ref(const ngx_http_idempotency_record_t *rec)
+{
+    int                   rc;
+    size_t                i;
+    header_t              h;
+    const unsigned char  *p, *end;
+
+    if (rec->status < 200 || rec->status > 599) {
+        return -1;
+    }
+
+    p = rec->headers;
+    end = p + rec->headers_len;
+
+    while ((rc = ngx_http_idempotency_record_next_header(&p, end, &h)) == 1) {
+        for (i = 0; i < h.name_len; i++) {
+            if (!((h.name[i] >= '0' && h.name[i] <= '9')
+                  || (h.name[i] >= 'a' && h.name[i] <= 'z')
+                  || (h.name[i] >= 'A' && h.name[i] <= 'Z')
+                  || memchr("!#$%&'*+-.^_`|~", h.name[i], 15) != NULL))
+            {
+                return -1;
+            }
+        }
+
+        for (i = 0; i < h.value_len; i++) {
+            if ((h.value[i] < 0x20 && h.value[i] != '\t')
+                || h.value[i] == 0x7f)
+            {
+                return -1;
+            }
+        }
+    }
+
+    return rc == 0 ? 0 : -1;
+}
+
+
 static void
 fuzz_record(const uint8_t *data, size_t size)
 {
     int                             rc;
+    const char                     *reason;
     size_t                          i, hlen, cut, cuts[3];
     unsigned char                  *buf, *p, *head;
     unsigned long long              created;
@@ -427,8 +470,16 @@ fuzz_record(const uint8_t *data, size_t size)
     if (rec.state == NGX_HTTP_IDEMPOTENCY_RECORD_INFLIGHT) {
         check(rec.status == 0);
     } else {
-        check(rec.status >= 100 && rec.status <= 599);
+        check(rec.status >= 200 && rec.status <= 599);
     }
+
+    /*
+     * validate(): 0 exactly when the header lines read to their end with
+     * token names and values without control bytes but HTAB
+     */
+
+    check(ngx_http_idempotency_record_validate(&rec, &reason)
+          == validate_ref(&rec));
 
     check(rec.headers == rec.created + rec.created_len + 6);
     check(rec.headers_len == 0

@@ -21,12 +21,15 @@
  * Checked beyond "no crash, no over-read": the handler answers each reply
  * exactly once (a problem response, a replay or a pass to the content
  * phase, which alone starts the claim's renewal); a replay sends only what
- * the record held - a status of 100 to 599, header names and values that
- * lie inside the stored headers field (so no CR, LF or NUL: no response
- * splitting), the body byte for byte; a record it refuses leaves nothing
- * of itself in the response, whether it answers with a problem
- * (idempotency_on_store_error closed, even input lengths) or passes the
- * request on (open, odd lengths).
+ * the record held - a final status (200 to 599), header names and values
+ * that lie inside the stored headers field (so no CR, LF or NUL: no
+ * response splitting), names that are tokens, values without control
+ * bytes but HTAB, none of the headers the capture never stores
+ * (hop-by-hop, Content-Length, Transfer-Encoding, Date, Server, the replay
+ * marker: nginx frames the replay itself), the body byte for byte; a
+ * record it refuses leaves nothing of itself in the response, whether it
+ * answers with a problem (idempotency_on_store_error closed, even input
+ * lengths) or passes the request on (open, odd lengths).
  */
 
 #include "../src/ngx_http_idempotency_handler.c"
@@ -194,6 +197,34 @@ ngx_strncasecmp(u_char *s1, u_char *s2, size_t n)
 }
 
 
+/* the names the handler's log lines use (ngx_log_error_core drops them) */
+
+u_char *
+ngx_http_idempotency_key_hash(ngx_str_t *rkey)
+{
+    (void) rkey;
+    return (u_char *) "0000000000000000";
+}
+
+
+ngx_str_t *
+ngx_http_idempotency_outcome_name(ngx_http_idempotency_outcome_e outcome)
+{
+    static ngx_str_t  name = ngx_string("OUTCOME");
+
+    (void) outcome;
+    return &name;
+}
+
+
+const char *
+ngx_http_idempotency_outcome_reason(ngx_http_idempotency_outcome_e outcome)
+{
+    (void) outcome;
+    return "reason";
+}
+
+
 /* what the handler did with the request */
 
 static ngx_int_t   sent_header, sent_body, finalized, problem, renewals;
@@ -226,6 +257,28 @@ check_str(ngx_str_t *s, ngx_str_t *field)
 }
 
 
+/* a replayed header: a token for a name, no control byte but HTAB */
+
+static void
+check_token_value(ngx_table_elt_t *h)
+{
+    u_char      c;
+    ngx_uint_t  i;
+
+    for (i = 0; i < h->key.len; i++) {
+        c = h->key.data[i];
+        check((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z')
+              || (c >= 'A' && c <= 'Z')
+              || (c != '\0' && strchr("!#$%&'*+-.^_`|~", c) != NULL));
+    }
+
+    for (i = 0; i < h->value.len; i++) {
+        c = h->value.data[i];
+        check((c >= 0x20 && c != 0x7f) || c == '\t');
+    }
+}
+
+
 ngx_int_t
 ngx_http_send_header(ngx_http_request_t *r)
 {
@@ -240,7 +293,8 @@ ngx_http_send_header(ngx_http_request_t *r)
         return NGX_OK;
     }
 
-    check(r->headers_out.status >= 100 && r->headers_out.status <= 599);
+    /* a final status only: an interim or unknown one is a corrupt record */
+    check(r->headers_out.status >= 200 && r->headers_out.status <= 599);
     check(r->headers_out.content_length_n == (off_t) cur->reply_body.len);
 
     if (r->headers_out.content_type.len) {
@@ -277,6 +331,11 @@ ngx_http_send_header(ngx_http_request_t *r)
         check(h[i].key.len > 0);
         check_str(&h[i].key, &cur->reply_headers);
         check_str(&h[i].value, &cur->reply_headers);
+
+        /* never a header the capture leaves out (framing, hop-by-hop) */
+        check(ngx_http_idempotency_record_header_replayable(h[i].key.data,
+                                                            h[i].key.len));
+        check_token_value(&h[i]);
     }
 
     check(marker == 1);

@@ -83,15 +83,18 @@ from examples/nginx.conf):
   redis            127.0.0.1:$redis_port
 
 Try from another shell:
+  # keys are per client (idempotency_scope \$http_authorization): alice
   # a new key: the upstream runs, the response is stored (MISS)
-  curl -i $url -H 'Idempotency-Key: order-1' -d '{"sku":"A1","qty":2}'
+  curl -i $url -H 'Authorization: Bearer alice' -H 'Idempotency-Key: order-1' -d '{"sku":"A1","qty":2}'
   # the same again: replayed from Redis, same order_id, Idempotent-Replayed: true
-  curl -i $url -H 'Idempotency-Key: order-1' -d '{"sku":"A1","qty":2}'
+  curl -i $url -H 'Authorization: Bearer alice' -H 'Idempotency-Key: order-1' -d '{"sku":"A1","qty":2}'
   # the same key with another body: 422, the key belongs to another request
-  curl -i $url -H 'Idempotency-Key: order-1' -d '{"sku":"B2","qty":1}'
-  # a different key, or another client (Authorization): a new order
-  curl -i $url -H 'Idempotency-Key: order-2' -d '{"sku":"A1","qty":2}'
-  curl -i $url -H 'Idempotency-Key: order-1' -H 'Authorization: Bearer bob' -d '{"sku":"A1","qty":2}'
+  curl -i $url -H 'Authorization: Bearer alice' -H 'Idempotency-Key: order-1' -d '{"sku":"B2","qty":1}'
+  # a different key, or another client (bob): a new order
+  curl -i $url -H 'Authorization: Bearer alice' -H 'Idempotency-Key: order-2' -d '{"sku":"A1","qty":2}'
+  curl -i $url -H 'Authorization: Bearer bob' -H 'Idempotency-Key: order-1' -d '{"sku":"A1","qty":2}'
+  # a key but no credentials: 400 (UNSCOPED), no shared namespace
+  curl -i $url -H 'Idempotency-Key: order-1' -d '{"sku":"A1","qty":2}'
   # GET is not protected: it passes through every time (BYPASS)
   curl -i $url
   # what is stored

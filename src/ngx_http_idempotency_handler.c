@@ -12,6 +12,7 @@
 #include "ngx_http_idempotency_module.h"
 #include "ngx_http_idempotency_key.h"
 #include "ngx_http_idempotency_record.h"
+#include "ngx_http_idempotency_scope.h"
 #include "ngx_http_idempotency_stats.h"
 
 
@@ -280,7 +281,15 @@ ngx_http_idempotency_start(ngx_http_request_t *r,
                                             NGX_HTTP_IDEMPOTENCY_INVALID);
     }
 
-    if (ngx_http_idempotency_record_key(r, ctx) != NGX_OK) {
+    rc = ngx_http_idempotency_record_key(r, ctx);
+
+    if (rc == NGX_DECLINED) {
+        ngx_http_idempotency_scope_empty_log(r);
+        return ngx_http_idempotency_problem(r, ctx,
+                                            NGX_HTTP_IDEMPOTENCY_UNSCOPED);
+    }
+
+    if (rc != NGX_OK) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
@@ -351,8 +360,10 @@ ngx_http_idempotency_find_key(ngx_http_request_t *r,
 
 
 /*
- * <prefix><hex sha256(scope)>:<key>; the scope has a fixed length once
- * hashed, so a scope and a key can never run into each other.
+ * <prefix><hex hash of the scope>:<key>; the scope has a fixed length once
+ * hashed, so a scope and a key can never run into each other.  An empty
+ * scope is NGX_DECLINED: it would be one namespace shared by every client
+ * the scope does not tell apart.
  */
 
 static ngx_int_t
@@ -361,29 +372,19 @@ ngx_http_idempotency_record_key(ngx_http_request_t *r,
 {
     u_char                             *p;
     ngx_str_t                           scope;
-    EVP_MD_CTX                         *md_ctx;
-    u_char                              md[SHA256_DIGEST_LENGTH];
     ngx_http_idempotency_redis_conf_t  *rcf;
 
     if (ngx_http_complex_value(r, ctx->conf->scope, &scope) != NGX_OK) {
         return NGX_ERROR;
     }
 
-    md_ctx = ngx_http_idempotency_md_ctx;
-
-    if (md_ctx == NULL
-        || EVP_DigestInit_ex(md_ctx, ngx_http_idempotency_md, NULL) != 1
-        || EVP_DigestUpdate(md_ctx, scope.data, scope.len) != 1
-        || EVP_DigestFinal_ex(md_ctx, md, NULL) != 1)
-    {
-        ngx_log_error(NGX_LOG_ALERT, r->connection->log, 0,
-                      "idempotency: SHA-256 of the scope failed");
-        return NGX_ERROR;
+    if (scope.len == 0) {
+        return NGX_DECLINED;
     }
 
     rcf = ctx->conf->redis;
 
-    ctx->rkey.len = rcf->prefix.len + 2 * SHA256_DIGEST_LENGTH + 1
+    ctx->rkey.len = rcf->prefix.len + NGX_HTTP_IDEMPOTENCY_SCOPE_HEX_LEN + 1
                     + ctx->key.len;
     ctx->rkey.data = ngx_pnalloc(r->pool, ctx->rkey.len);
     if (ctx->rkey.data == NULL) {
@@ -391,7 +392,15 @@ ngx_http_idempotency_record_key(ngx_http_request_t *r,
     }
 
     p = ngx_cpymem(ctx->rkey.data, rcf->prefix.data, rcf->prefix.len);
-    p = ngx_hex_dump(p, md, SHA256_DIGEST_LENGTH);
+
+    if (ngx_http_idempotency_scope_hash(ctx->conf, &scope, p,
+                                        r->connection->log)
+        != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    p += NGX_HTTP_IDEMPOTENCY_SCOPE_HEX_LEN;
     *p++ = ':';
     ngx_memcpy(p, ctx->key.data, ctx->key.len);
 
@@ -694,6 +703,7 @@ static ngx_int_t
 ngx_http_idempotency_claim_record(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, redisReply *reply)
 {
+    const char                     *reason;
     ngx_pool_cleanup_t             *cln;
     ngx_http_idempotency_record_t   rec;
 
@@ -728,6 +738,16 @@ ngx_http_idempotency_claim_record(ngx_http_request_t *r,
 
     default: /* NGX_HTTP_IDEMPOTENCY_RECORD_DONE */
         break;
+    }
+
+    /* never a response from a record the module could not have written */
+
+    if (ngx_http_idempotency_record_validate(&rec, &reason) != 0) {
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "idempotency: the record key_hash=%s is corrupt: %s; "
+                      "not replayed",
+                      ngx_http_idempotency_key_hash(&ctx->rkey), reason);
+        return NGX_ERROR;
     }
 
     cln = ngx_pool_cleanup_add(r->pool, 0);
@@ -860,6 +880,21 @@ ngx_http_idempotency_conflict(ngx_http_request_t *r,
                                             NGX_HTTP_IDEMPOTENCY_CONFLICT);
     }
 
+    /* nor can one scope take the worker's slots from the others */
+
+    if (ngx_http_idempotency_scope_wait_enter(
+            ctx->rkey.data + ctx->conf->redis->prefix.len)
+        != NGX_OK)
+    {
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "idempotency: %d duplicates of this scope wait "
+                      "already, answering 409 at once, key_hash=%s",
+                      NGX_HTTP_IDEMPOTENCY_MAX_SCOPE_WAITERS,
+                      ngx_http_idempotency_key_hash(&ctx->rkey));
+        return ngx_http_idempotency_problem(r, ctx,
+                                            NGX_HTTP_IDEMPOTENCY_CONFLICT);
+    }
+
     /* poll the record with a growing step until it completes */
 
     step = ngx_min(ctx->wait_step, ctx->wait_until - ngx_current_msec);
@@ -894,7 +929,14 @@ ngx_http_idempotency_wait_handler(ngx_event_t *ev)
     ngx_http_idempotency_waiters--;
 
     ctx = ngx_http_idempotency_get_ctx(r);
-    if (ctx == NULL || ctx->state != NGX_HTTP_IDEMPOTENCY_STATE_WAITING) {
+    if (ctx == NULL) {
+        return;
+    }
+
+    ngx_http_idempotency_scope_wait_leave(
+        ctx->rkey.data + ctx->conf->redis->prefix.len);
+
+    if (ctx->state != NGX_HTTP_IDEMPOTENCY_STATE_WAITING) {
         return;
     }
 
@@ -938,6 +980,7 @@ ngx_http_idempotency_replay(ngx_http_request_t *r,
 {
     int                                    rc;
     ngx_int_t                              n;
+    ngx_uint_t                             dropped;
     ngx_buf_t                             *b;
     ngx_chain_t                            out;
     ngx_table_elt_t                       *h;
@@ -975,10 +1018,31 @@ ngx_http_idempotency_replay(ngx_http_request_t *r,
 
     p = ctx->reply_headers.data;
 
+    dropped = 0;
+
     while (ngx_http_idempotency_record_next_header(&p, end, &rh) == 1) {
+
+        /* whatever the record says: nginx frames the replay itself */
+
+        if (!ngx_http_idempotency_record_header_replayable(rh.name,
+                                                           rh.name_len))
+        {
+            dropped++;
+            continue;
+        }
+
         if (ngx_http_idempotency_replay_header(r, &rh) != NGX_OK) {
             return NGX_HTTP_INTERNAL_SERVER_ERROR;
         }
+    }
+
+    if (dropped) {
+        ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
+                      "idempotency: the record key_hash=%s holds %ui "
+                      "header(s) the module never stores (hop-by-hop, "
+                      "framing, Date, Server or the replay marker): "
+                      "left out of the replay",
+                      ngx_http_idempotency_key_hash(&ctx->rkey), dropped);
     }
 
     h = ngx_list_push(&r->headers_out.headers);
@@ -1087,7 +1151,8 @@ ngx_http_idempotency_problem(ngx_http_request_t *r,
     /* a client's error, at info; INVALID and ERROR have their own lines */
 
     if (outcome != NGX_HTTP_IDEMPOTENCY_INVALID
-        && outcome != NGX_HTTP_IDEMPOTENCY_ERROR)
+        && outcome != NGX_HTTP_IDEMPOTENCY_ERROR
+        && outcome != NGX_HTTP_IDEMPOTENCY_UNSCOPED)
     {
         ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
                       "idempotency: %V (%s), key_hash=%s",
@@ -1117,6 +1182,8 @@ ngx_http_idempotency_cleanup(void *data)
     if (ctx->wait_timer.timer_set) {
         ngx_del_timer(&ctx->wait_timer);
         ngx_http_idempotency_waiters--;
+        ngx_http_idempotency_scope_wait_leave(
+            ctx->rkey.data + ctx->conf->redis->prefix.len);
     }
 
     ngx_http_idempotency_settle(ctx);

@@ -4,6 +4,7 @@
 
 #include "ngx_http_idempotency_module.h"
 #include "ngx_http_idempotency_stats.h"
+#include "ngx_http_idempotency_scope.h"
 
 
 static ngx_int_t ngx_http_idempotency_init(ngx_conf_t *cf);
@@ -123,6 +124,13 @@ static ngx_command_t  ngx_http_idempotency_commands[] = {
       ngx_http_set_complex_value_slot,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_idempotency_loc_conf_t, scope),
+      NULL },
+
+    { ngx_string("idempotency_scope_secret"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_idempotency_scope_secret,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
       NULL },
 
     { ngx_string("idempotency_header"),
@@ -356,6 +364,7 @@ ngx_http_idempotency_create_loc_conf(ngx_conf_t *cf)
     ilcf->key_max_length = NGX_CONF_UNSET_UINT;
     ilcf->hide_headers = NGX_CONF_UNSET_PTR;
     ilcf->pass_headers = NGX_CONF_UNSET_PTR;
+    ilcf->scope_secret = NGX_CONF_UNSET_PTR;
 
     return ilcf;
 }
@@ -380,6 +389,7 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
                                  (NGX_CONF_BITMASK_SET
                                   |NGX_HTTP_POST|NGX_HTTP_PATCH));
     ngx_conf_merge_value(conf->required, prev->required, 0);
+    ngx_conf_merge_ptr_value(conf->scope_secret, prev->scope_secret, NULL);
     ngx_conf_merge_msec_value(conf->wait, prev->wait, 0);
     ngx_conf_merge_size_value(conf->max_response_size,
                               prev->max_response_size, 1024 * 1024);
@@ -475,6 +485,10 @@ ngx_http_idempotency_init_process(ngx_cycle_t *cycle)
         return NGX_ERROR;
     }
 
+    if (ngx_http_idempotency_scope_init_process(cycle) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
     return ngx_http_idempotency_redis_init_process(cycle);
 }
 
@@ -484,6 +498,7 @@ ngx_http_idempotency_exit_process(ngx_cycle_t *cycle)
 {
     ngx_http_idempotency_redis_exit_process(cycle);
     ngx_http_idempotency_handler_exit_process(cycle);
+    ngx_http_idempotency_scope_exit_process(cycle);
 }
 
 

@@ -46,7 +46,8 @@ typedef enum {
     NGX_HTTP_IDEMPOTENCY_MISSING,
     NGX_HTTP_IDEMPOTENCY_INVALID,
     NGX_HTTP_IDEMPOTENCY_OVERSIZE,
-    NGX_HTTP_IDEMPOTENCY_ERROR       /* Redis failed: refused, or passed */
+    NGX_HTTP_IDEMPOTENCY_ERROR,      /* Redis failed: refused, or passed */
+    NGX_HTTP_IDEMPOTENCY_UNSCOPED    /* a key but an empty scope: refused */
 } ngx_http_idempotency_outcome_e;
 
 
@@ -61,6 +62,10 @@ typedef enum {
     NGX_HTTP_IDEMPOTENCY_STATE_SETTLED,    /* stored, released or replayed */
     NGX_HTTP_IDEMPOTENCY_STATE_DONE        /* not taking part */
 } ngx_http_idempotency_state_e;
+
+
+typedef struct ngx_http_idempotency_scope_secret_s
+    ngx_http_idempotency_scope_secret_t;
 
 
 typedef struct {
@@ -89,6 +94,7 @@ typedef struct {
     ngx_array_t                         *hide_headers;  /* of ngx_str_t */
     ngx_array_t                         *pass_headers;  /* of ngx_str_t */
     ngx_array_t                         *skip_headers;  /* merged result */
+    ngx_http_idempotency_scope_secret_t *scope_secret;  /* NULL: none */
 } ngx_http_idempotency_loc_conf_t;
 
 

@@ -60,7 +60,16 @@ static ngx_http_idempotency_problem_t  ngx_http_idempotency_problems[] = {
       ngx_string("Idempotency store is unavailable"),
       ngx_string("The request was not processed because its "
                  "Idempotency-Key could not be checked; retry later."),
-      1 }
+      1 },
+
+    { NGX_HTTP_BAD_REQUEST,
+      ngx_string("missing-scope"),
+      ngx_string("Idempotency-Key cannot be used without credentials"),
+      ngx_string("Keys are kept apart per client here, and this request "
+                 "does not say who sent it (e.g. no Authorization header); "
+                 "send the credentials, or the server's operator sets "
+                 "idempotency_scope to what identifies a client."),
+      0 }
 };
 
 
@@ -83,6 +92,9 @@ ngx_http_idempotency_problem_of(ngx_http_idempotency_outcome_e outcome)
 
     case NGX_HTTP_IDEMPOTENCY_OVERSIZE:
         return &ngx_http_idempotency_problems[4];
+
+    case NGX_HTTP_IDEMPOTENCY_UNSCOPED:
+        return &ngx_http_idempotency_problems[6];
 
     default:
         return &ngx_http_idempotency_problems[5];

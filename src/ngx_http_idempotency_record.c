@@ -25,8 +25,31 @@ static const ngx_http_idempotency_record_word_t
 };
 
 
+/*
+ * Never replayed: the replay sets the framing and the marker itself, and
+ * nginx adds Date and Server to every response.
+ */
+static const ngx_http_idempotency_record_word_t
+    ngx_http_idempotency_record_never[] = {
+    { "Connection", sizeof("Connection") - 1 },
+    { "Keep-Alive", sizeof("Keep-Alive") - 1 },
+    { "Proxy-Authenticate", sizeof("Proxy-Authenticate") - 1 },
+    { "Proxy-Authorization", sizeof("Proxy-Authorization") - 1 },
+    { "Proxy-Connection", sizeof("Proxy-Connection") - 1 },
+    { "TE", sizeof("TE") - 1 },
+    { "Trailer", sizeof("Trailer") - 1 },
+    { "Transfer-Encoding", sizeof("Transfer-Encoding") - 1 },
+    { "Upgrade", sizeof("Upgrade") - 1 },
+    { "Date", sizeof("Date") - 1 },
+    { "Server", sizeof("Server") - 1 },
+    { "Content-Length", sizeof("Content-Length") - 1 },
+    { "Idempotent-Replayed", sizeof("Idempotent-Replayed") - 1 }
+};
+
+
 static size_t ngx_http_idempotency_record_field(const unsigned char *p,
     const unsigned char *end, size_t max, int hex);
+static int ngx_http_idempotency_record_tchar(unsigned char c);
 
 
 unsigned char *
@@ -163,7 +186,10 @@ ngx_http_idempotency_record_parse(const unsigned char *p, size_t len,
 
     } else {
         n = ngx_http_idempotency_record_status(p, 3);
-        if (n == -1) {
+
+        /* an interim response is not an outcome: never stored */
+
+        if (n < 200) {
             return -1;
         }
     }
@@ -300,4 +326,108 @@ ngx_http_idempotency_record_status(const unsigned char *p, size_t len)
     n = (p[0] - '0') * 100 + (p[1] - '0') * 10 + (p[2] - '0');
 
     return n;
+}
+
+
+int
+ngx_http_idempotency_record_validate(const ngx_http_idempotency_record_t *rec,
+    const char **reason)
+{
+    int                                    rc;
+    size_t                                 i;
+    const unsigned char                   *p, *end;
+    ngx_http_idempotency_record_header_t   h;
+
+    if (rec->status < 200 || rec->status > 599) {
+        *reason = "the status is not a final one (200 .. 599)";
+        return -1;
+    }
+
+    p = rec->headers;
+    end = p + rec->headers_len;
+
+    while ((rc = ngx_http_idempotency_record_next_header(&p, end, &h)) == 1) {
+
+        for (i = 0; i < h.name_len; i++) {
+            if (!ngx_http_idempotency_record_tchar(h.name[i])) {
+                *reason = "a header name is not a token";
+                return -1;
+            }
+        }
+
+        for (i = 0; i < h.value_len; i++) {
+            if ((h.value[i] < 0x20 && h.value[i] != '\t')
+                || h.value[i] == 0x7f)
+            {
+                *reason = "a header value holds a control character";
+                return -1;
+            }
+        }
+    }
+
+    if (rc == -1) {
+        *reason = "the header lines are not well formed";
+        return -1;
+    }
+
+    return 0;
+}
+
+
+int
+ngx_http_idempotency_record_header_replayable(const unsigned char *name,
+    size_t len)
+{
+    size_t                                     i, k, n;
+    unsigned char                              a, b;
+    const ngx_http_idempotency_record_word_t  *w;
+
+    n = sizeof(ngx_http_idempotency_record_never)
+        / sizeof(ngx_http_idempotency_record_never[0]);
+
+    for (i = 0; i < n; i++) {
+        w = &ngx_http_idempotency_record_never[i];
+
+        if (w->len != len) {
+            continue;
+        }
+
+        for (k = 0; k < len; k++) {
+            a = name[k];
+            b = (unsigned char) w->name[k];
+
+            if (a >= 'A' && a <= 'Z') {
+                a = (unsigned char) (a | 0x20);
+            }
+
+            if (b >= 'A' && b <= 'Z') {
+                b = (unsigned char) (b | 0x20);
+            }
+
+            if (a != b) {
+                break;
+            }
+        }
+
+        if (k == len) {
+            return 0;
+        }
+    }
+
+    return 1;
+}
+
+
+/* RFC 9110 tchar */
+
+static int
+ngx_http_idempotency_record_tchar(unsigned char c)
+{
+    if ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z')
+        || (c >= 'A' && c <= 'Z'))
+    {
+        return 1;
+    }
+
+    return c != '\0' && strchr("!#$%&'*+-.^_`|~", c) != NULL;
 }

@@ -46,7 +46,7 @@ typedef struct {
 /* a record as read: every pointer lies inside the bytes it was read from */
 typedef struct {
     int                   state;
-    int                   status;      /* 100 .. 599, 0 while in flight */
+    int                   status;      /* 200 .. 599, 0 while in flight */
     const unsigned char  *fp;
     size_t                fp_len;
     const unsigned char  *owner;
@@ -74,7 +74,9 @@ unsigned char *ngx_http_idempotency_record_write_head(unsigned char *p,
 /*
  * Reads a whole record: 0 and rec filled, or -1 when the bytes are not a
  * record of this format (truncated, edited, written by something else).
- * The header lines are only delimited here; next_header() reads them.
+ * A record that is not in flight has a final status, 200 .. 599: an
+ * interim (1xx) response is never stored.  The header lines are only
+ * delimited here; next_header() reads them, validate() checks them.
  */
 int ngx_http_idempotency_record_parse(const unsigned char *p, size_t len,
     ngx_http_idempotency_record_t *rec);
@@ -94,6 +96,26 @@ int ngx_http_idempotency_record_next_header(const unsigned char **pos,
 
 /* "100" .. "599" -> the number, anything else -> -1 */
 int ngx_http_idempotency_record_status(const unsigned char *p, size_t len);
+
+/*
+ * Whether a completed record read by parse() is fit to be replayed: a
+ * final status (200 .. 599) and header lines that are all well formed,
+ * with a token for a name and a value without control characters but
+ * HTAB.  0, or -1 with *reason saying what is wrong.  Anything else in a
+ * record (a header the capture never stores among them) is not trusted
+ * either: see header_replayable().
+ */
+int ngx_http_idempotency_record_validate(
+    const ngx_http_idempotency_record_t *rec, const char **reason);
+
+/*
+ * 0 for a header the capture never stores, whatever a record says:
+ * hop-by-hop headers, the framing (Content-Length, Transfer-Encoding),
+ * those nginx makes for every response (Date, Server) and the replay
+ * marker; 1 otherwise.  Names compare without regard to case.
+ */
+int ngx_http_idempotency_record_header_replayable(const unsigned char *name,
+    size_t len);
 
 
 #endif /* _NGX_HTTP_IDEMPOTENCY_RECORD_H_INCLUDED_ */

@@ -28,6 +28,7 @@ typedef enum {
     NGX_HTTP_IDEMPOTENCY_STAT_INVALID,
     NGX_HTTP_IDEMPOTENCY_STAT_OVERSIZE,
     NGX_HTTP_IDEMPOTENCY_STAT_ERROR,
+    NGX_HTTP_IDEMPOTENCY_STAT_UNSCOPED,
 
     /* what happened to the response of a claimed (MISS) request */
     NGX_HTTP_IDEMPOTENCY_STAT_STORED,          /* sent to Redis to record */

@@ -72,6 +72,8 @@ static ngx_http_idempotency_metric_t  ngx_http_idempotency_metrics[] = {
         "requests", "OVERSIZE", ""),
     ngx_http_idempotency_metric("requests_total", "outcome=\"ERROR\"",
         "requests", "ERROR", ""),
+    ngx_http_idempotency_metric("requests_total", "outcome=\"UNSCOPED\"",
+        "requests", "UNSCOPED", ""),
 
     ngx_http_idempotency_metric("responses_total", "result=\"stored\"",
         "responses", "stored",

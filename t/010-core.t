@@ -12,6 +12,8 @@ $ENV{TEST_NGINX_PREFIX} ||= "t010-$$-" . time() . ":";
 
 our $HttpConfig = qq{
     log_format exec 'EXEC \$request_method \$uri';
+    # the test clients send no credentials: "test:" is their shared scope
+    idempotency_scope "test:\$http_authorization";
     idempotency_redis 127.0.0.1:$ENV{TEST_NGINX_REDIS_PORT}
                       prefix=$ENV{TEST_NGINX_PREFIX};
 };

@@ -21,6 +21,8 @@ $ENV{TEST_NGINX_PREFIX} ||= "t040-$$-" . time() . ":";
 
 our $HttpConfig = qq{
     log_format exec 'EXEC \$request_method \$uri \$http_idempotency_key';
+    # the test clients send no credentials: "test:" is their shared scope
+    idempotency_scope "test:\$http_authorization";
     idempotency_redis 127.0.0.1:$ENV{TEST_NGINX_REDIS_PORT}
                       prefix=$ENV{TEST_NGINX_PREFIX} timeout=500ms;
 };
@@ -158,7 +160,7 @@ EXEC POST /backend ttl-1
 --- http_config eval: $::HttpConfig
 --- config eval: $::Config
 --- init
-main::redis_cli('HSET', $ENV{TEST_NGINX_PREFIX} . Digest::SHA::sha256_hex('')
+main::redis_cli('HSET', $ENV{TEST_NGINX_PREFIX} . Digest::SHA::sha256_hex('test:')
                         . ':old-1', 'state', 'done', 'status', '201');
 --- request
 POST /t
@@ -176,7 +178,7 @@ EXEC POST /backend old-1
 === TEST 7: a string that is not a record of this format is refused with 503 and logged
 --- skip_eval: 3: !$ENV{TEST_NGINX_REDIS_CTL}
 --- init
-main::redis_cli('SET', $ENV{TEST_NGINX_PREFIX} . Digest::SHA::sha256_hex('')
+main::redis_cli('SET', $ENV{TEST_NGINX_PREFIX} . Digest::SHA::sha256_hex('test:')
                        . ':garbage-1', 'idem1 done not-hex');
 --- request
 POST /t
@@ -207,7 +209,7 @@ EXEC POST /backend garbage-1
     }
 --- init
 Test::More::is(main::redis_cli('TYPE', $ENV{TEST_NGINX_PREFIX}
-                               . Digest::SHA::sha256_hex('') . ':old-1'),
+                               . Digest::SHA::sha256_hex('test:') . ':old-1'),
                'hash', "the old record was left alone");
 --- request
 POST /t

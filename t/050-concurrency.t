@@ -17,6 +17,8 @@ our $Rate = int(80 / $Slow);
 
 our $HttpConfig = qq{
     log_format exec 'EXEC \$request_method \$uri \$http_idempotency_key';
+    # the test clients send no credentials: "test:" is their shared scope
+    idempotency_scope "test:\$http_authorization";
     idempotency_redis 127.0.0.1:$ENV{TEST_NGINX_REDIS_PORT}
                       prefix=$ENV{TEST_NGINX_PREFIX};
 };
@@ -208,6 +210,8 @@ made, each renewal gets NOPERM, and the worker says so.
 --- http_config eval
 qq{
     log_format exec 'EXEC \$request_method \$uri \$http_idempotency_key';
+    # the test clients send no credentials: "test:" is their shared scope
+    idempotency_scope "test:\$http_authorization";
     idempotency_redis 127.0.0.1:$ENV{TEST_NGINX_REDIS_PORT}
                       user=norenew password=n0renew
                       prefix=$ENV{TEST_NGINX_PREFIX};
@@ -255,7 +259,7 @@ use Digest::SHA ();
 main::first_request('/t', 'fence-1');
 # the claim disappears (as after an eviction or a Redis without
 # persistence restarting): the duplicate claims the key anew
-main::redis_cli('DEL', $ENV{TEST_NGINX_PREFIX} . Digest::SHA::sha256_hex('')
+main::redis_cli('DEL', $ENV{TEST_NGINX_PREFIX} . Digest::SHA::sha256_hex('test:')
                        . ':fence-1');
 --- request
 POST /t

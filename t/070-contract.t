@@ -25,6 +25,8 @@ $ENV{TEST_NGINX_RATE_BIG} = int(8000 / $Slow);
 
 our $HttpConfig = qq{
     log_format exec 'EXEC \$request_method \$uri tenant=\$http_x_tenant';
+    # the test clients send no credentials: "test:" is their shared scope
+    idempotency_scope "test:\$http_authorization";
     idempotency_redis 127.0.0.1:$ENV{TEST_NGINX_REDIS_PORT}
                       prefix=$ENV{TEST_NGINX_PREFIX};
 };

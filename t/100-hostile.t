@@ -30,12 +30,14 @@ $ENV{TEST_NGINX_FULL_RATE} = int(100 / $Slow);
 
 our $HttpConfig = qq{
     log_format exec 'EXEC \$request_method \$uri key=\$http_idempotency_key';
+    # the test clients send no credentials: "test:" is their shared scope
+    idempotency_scope "test:\$http_authorization";
     idempotency_redis 127.0.0.1:$ENV{TEST_NGINX_REDIS_PORT}
                       prefix=$ENV{TEST_NGINX_PREFIX};
 };
 
-# the Redis key of a record: no Authorization header, so the scope is ""
-our $Base = $ENV{TEST_NGINX_PREFIX} . Digest::SHA::sha256_hex('') . ':';
+# the Redis key of a record: no Authorization header, so the scope is "test:"
+our $Base = $ENV{TEST_NGINX_PREFIX} . Digest::SHA::sha256_hex('test:') . ':';
 
 # ------------------------------------------------------------ Redis
 

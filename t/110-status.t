@@ -31,9 +31,11 @@ our $Version = do {
 };
 
 our @Outcomes = qw(BYPASS MISS HIT CONFLICT MISMATCH MISSING INVALID
-                   OVERSIZE ERROR);
+                   OVERSIZE ERROR UNSCOPED);
 
 our $HttpConfig = qq{
+    # the test clients send no credentials: "test:" is their shared scope
+    idempotency_scope "test:\$http_authorization";
     idempotency_redis 127.0.0.1:$ENV{TEST_NGINX_REDIS_PORT}
                       prefix=$ENV{TEST_NGINX_PREFIX};
 };
@@ -104,6 +106,8 @@ $ENV{TEST_NGINX_LOCK_SHORT} = (600 * $Slow) . 'ms';
 $ENV{TEST_NGINX_LOCK_LONG} = (3000 * $Slow) . 'ms';
 
 our $FailHttpConfig = qq{
+    # the test clients send no credentials: "test:" is their shared scope
+    idempotency_scope "test:\$http_authorization";
     idempotency_redis 127.0.0.1:$ENV{TEST_NGINX_REDIS_PORT}
                       prefix=$ENV{TEST_NGINX_PREFIX}
                       timeout=${Timeout}ms connect_timeout=${Timeout}ms;
@@ -452,7 +456,7 @@ select(undef, undef, undef, 2.5 * $S);
 my $s = main::status_json();
 Test::More::is_deeply($s->{requests},
     { BYPASS => 2, MISS => 6, HIT => 1, CONFLICT => 1, MISMATCH => 1,
-      MISSING => 1, INVALID => 1, OVERSIZE => 1, ERROR => 1 },
+      MISSING => 1, INVALID => 1, OVERSIZE => 1, ERROR => 1, UNSCOPED => 0 },
     'requests by outcome')
     or Test::More::diag(JSON::PP->new->canonical->encode($s->{requests}));
 Test::More::is_deeply($s->{responses},
@@ -708,7 +712,7 @@ GET /status
 --- init
 use Digest::SHA ();
 main::first_request('/fence', 'fence-22');
-main::redis_cli('DEL', $ENV{TEST_NGINX_PREFIX} . Digest::SHA::sha256_hex('')
+main::redis_cli('DEL', $ENV{TEST_NGINX_PREFIX} . Digest::SHA::sha256_hex('test:')
                        . ':fence-22');
 select(undef, undef, undef, 2.5 * $main::Slow);
 my $s = main::status_json();

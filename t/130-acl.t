@@ -73,6 +73,8 @@ END {
 
 our $HttpConfig = q{
     log_format exec 'EXEC $request_method $uri $http_idempotency_key';
+    # the test clients send no credentials: "test:" is their shared scope
+    idempotency_scope "test:$http_authorization";
     idempotency_redis 127.0.0.1:$TEST_NGINX_REDIS_PORT
                       user=$TEST_NGINX_ACL_USER password=$TEST_NGINX_ACL_PASS
                       prefix=$TEST_NGINX_PREFIX timeout=1s;

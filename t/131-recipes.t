@@ -22,7 +22,8 @@ our $Config = q{
 
         idempotency on;
         idempotency_required on;
-        idempotency_scope "sub:$jwt_subject";
+        # per subject; no subject (empty): 400, never a shared scope
+        idempotency_scope $jwt_subject;
 
         proxy_set_header X-Subject $jwt_subject;
         proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
@@ -126,6 +127,23 @@ Idempotency-Key: jwt-1
 Authorization: Bearer bad
 X-Test-Subject: alice
 --- error_code: 401
+--- raw_response_headers_unlike: Idempotent-Replayed
+--- no_error_log
+EXEC POST
+
+
+
+=== TEST 5: a subject the auth service leaves empty gets 400, never a shared scope
+--- http_config eval: $::HttpConfig
+--- config eval: $::Config
+--- request
+POST /v1/orders
+{"sku":"A1"}
+--- more_headers
+Idempotency-Key: jwt-1
+Authorization: Bearer token-4
+--- error_code: 400
+--- response_body_like: "type":"urn:ngx-idempotency:missing-scope"
 --- raw_response_headers_unlike: Idempotent-Replayed
 --- no_error_log
 EXEC POST

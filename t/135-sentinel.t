@@ -370,6 +370,8 @@ http {
     access_log off;
     log_format exec 'EXEC \$http_idempotency_key';
 
+    # the test clients send no credentials: "test:" is their shared scope
+    idempotency_scope "test:\$http_authorization";
     idempotency_redis $s sentinel=$Name sentinel_password=sentinel-secret
                       timeout=500ms connect_timeout=300ms prefix=$Prefix;
 

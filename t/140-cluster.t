@@ -39,6 +39,8 @@ $ENV{TEST_NGINX_SLOW_PORT} = (IdemCluster::_free_ports(1))[0];
 
 our $HttpConfig = qq{
     log_format exec 'EXEC \$request_method \$uri \$http_idempotency_key';
+    # the test clients send no credentials: "test:" is their shared scope
+    idempotency_scope "test:\$http_authorization";
     idempotency_redis $ENV{TEST_NGINX_CLUSTER_SEEDS} cluster
                       prefix=$ENV{TEST_NGINX_PREFIX} timeout=2s;
 };
@@ -137,7 +139,7 @@ sub slow_upstream {
 }
 
 sub record_key {
-    return $ENV{TEST_NGINX_PREFIX} . Digest::SHA::sha256_hex('') . ":$_[0]";
+    return $ENV{TEST_NGINX_PREFIX} . Digest::SHA::sha256_hex('test:') . ":$_[0]";
 }
 
 # the state word of a record (the second word of its first line), or the
@@ -614,6 +616,8 @@ Idempotent-Replayed: true
 --- http_config eval
 qq{
     log_format exec 'EXEC \$request_method \$uri \$http_idempotency_key';
+    # the test clients send no credentials: "test:" is their shared scope
+    idempotency_scope "test:\$http_authorization";
     idempotency_redis 127.0.0.1:$ENV{TEST_NGINX_REDIS_PORT} cluster
                       prefix=$ENV{TEST_NGINX_PREFIX}standalone:;
 }

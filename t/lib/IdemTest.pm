@@ -65,14 +65,15 @@ sub redis_cli {
     return $out;
 }
 
-# How the error log names the record of $key under $scope (default: none,
-# as without an Authorization header): key_hash= and 16 hex digits of
+# How the error log names the record of $key under $scope (default: "test:",
+# the suites' scope "test:$http_authorization" for a client that sends no
+# Authorization header): key_hash= and 16 hex digits of
 # sha256 of the Redis key, which is TEST_NGINX_PREFIX, hex sha256 of the
 # scope, ':' and the key.
 sub key_hash {
     my ($key, $scope) = @_;
     my $rkey = ($ENV{TEST_NGINX_PREFIX} // 'idem:')
-               . Digest::SHA::sha256_hex($scope // '') . ":$key";
+               . Digest::SHA::sha256_hex($scope // 'test:') . ":$key";
     return substr(Digest::SHA::sha256_hex($rkey), 0, 16);
 }
 

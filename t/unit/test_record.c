@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <cmocka.h>
@@ -259,6 +260,11 @@ test_record_hostile(void **state)
         "idem1 done " FP " " OWNER " 123456789012345678901 200\r\n\r\n",
         "idem1 done " FP " " OWNER " 1 099\r\n\r\n",
         "idem1 done " FP " " OWNER " 1 600\r\n\r\n",
+        "idem1 done " FP " " OWNER " 1 700\r\n\r\n",
+        "idem1 done " FP " " OWNER " 1 100\r\n\r\n",
+        "idem1 done " FP " " OWNER " 1 101\r\n\r\n",
+        "idem1 done " FP " " OWNER " 1 199\r\n\r\n",
+        "idem1 oversize " FP " " OWNER " 1 103\r\n\r\n",
         "idem1 done " FP " " OWNER " 1 000\r\n\r\n",
         "idem1 done " FP " " OWNER " 1 20\r\n\r\n",
         "idem1 done " FP " " OWNER " 1 2000\r\n\r\n",
@@ -305,6 +311,114 @@ test_record_hostile(void **state)
 }
 
 
+/* validate() on a done record with these header lines */
+static int
+validate_headers(const char *headers, const char **reason)
+{
+    int                             rc;
+    char                            text[512];
+    ngx_http_idempotency_record_t   rec;
+
+    snprintf(text, sizeof(text),
+             "idem1 done " FP " " OWNER " 1 200\r\n%s\r\nbody", headers);
+
+    assert_int_equal(ngx_http_idempotency_record_parse(
+                         (const unsigned char *) text, strlen(text), &rec),
+                     0);
+
+    rc = ngx_http_idempotency_record_validate(&rec, reason);
+
+    return rc;
+}
+
+
+static void
+test_validate(void **state)
+{
+    size_t                          i;
+    const char                     *reason;
+    ngx_http_idempotency_record_t   rec;
+    const char                     *good[] = {
+        "",
+        "Content-Type: application/json\r\n",
+        "X-Empty: \r\nLink: <a>; rel=x: y\r\n",
+        "X-Tab: a\tb\r\n",
+        "X-Utf8: caf\xc3\xa9\r\n",
+        "!#$%&'*+-.^_`|~09azAZ: v\r\n",
+    };
+    const char                     *bad[] = {
+        "Bad Name: v\r\n",
+        "Bad\"Name: v\r\n",
+        "(x): v\r\n",
+        "X-Bell: a\x07" "b\r\n",
+        "X-Del: a\x7f\r\n",
+        "X-Esc: \x1b[31m\r\n",
+        "X-Ok: v\r\nX\x01: v\r\n",
+    };
+
+    (void) state;
+
+    for (i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        reason = NULL;
+        assert_int_equal(validate_headers(good[i], &reason), 0);
+    }
+
+    for (i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        reason = NULL;
+        assert_int_equal(validate_headers(bad[i], &reason), -1);
+        assert_non_null(reason);
+    }
+
+    /* a status out of the final range, whatever parse() let through */
+
+    memset(&rec, 0, sizeof(rec));
+
+    rec.status = 101;
+    assert_int_equal(ngx_http_idempotency_record_validate(&rec, &reason), -1);
+    rec.status = 700;
+    assert_int_equal(ngx_http_idempotency_record_validate(&rec, &reason), -1);
+    rec.status = 0;
+    assert_int_equal(ngx_http_idempotency_record_validate(&rec, &reason), -1);
+    rec.status = 200;
+    assert_int_equal(ngx_http_idempotency_record_validate(&rec, &reason), 0);
+    rec.status = 599;
+    assert_int_equal(ngx_http_idempotency_record_validate(&rec, &reason), 0);
+}
+
+
+static void
+test_replayable(void **state)
+{
+    size_t        i;
+    const char   *never[] = {
+        "Connection", "connection", "KEEP-ALIVE", "Proxy-Authenticate",
+        "Proxy-Authorization", "Proxy-Connection", "TE", "te", "Trailer",
+        "Transfer-Encoding", "transfer-encoding", "Upgrade", "Date",
+        "Server", "Content-Length", "content-length",
+        "Idempotent-Replayed", "idempotent-replayed"
+    };
+    const char   *ok[] = {
+        "Content-Type", "Location", "ETag", "Set-Cookie", "X-Order",
+        "Dates", "Serve", "Content-Length2", "T", "TEA", ""
+    };
+
+    (void) state;
+
+    for (i = 0; i < sizeof(never) / sizeof(never[0]); i++) {
+        assert_int_equal(ngx_http_idempotency_record_header_replayable(
+                             (const unsigned char *) never[i],
+                             strlen(never[i])),
+                         0);
+    }
+
+    for (i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+        assert_int_equal(ngx_http_idempotency_record_header_replayable(
+                             (const unsigned char *) ok[i], strlen(ok[i])),
+                         1);
+    }
+}
+
+
 int
 main(void)
 {
@@ -315,6 +429,8 @@ main(void)
         cmocka_unit_test(test_record_round_trip),
         cmocka_unit_test(test_record_truncated),
         cmocka_unit_test(test_record_hostile),
+        cmocka_unit_test(test_validate),
+        cmocka_unit_test(test_replayable),
     };
 
     return cmocka_run_group_tests_name("record", tests, NULL, NULL);
