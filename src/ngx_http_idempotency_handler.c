@@ -12,6 +12,7 @@
 #include "ngx_http_idempotency_module.h"
 #include "ngx_http_idempotency_key.h"
 #include "ngx_http_idempotency_record.h"
+#include "ngx_http_idempotency_scope.h"
 #include "ngx_http_idempotency_stats.h"
 
 
@@ -351,8 +352,8 @@ ngx_http_idempotency_find_key(ngx_http_request_t *r,
 
 
 /*
- * <prefix><hex sha256(scope)>:<key>; the scope has a fixed length once
- * hashed, so a scope and a key can never run into each other.
+ * <prefix><scope hash>:<key>; the scope has a fixed length once hashed, so
+ * a scope and a key can never run into each other.
  */
 
 static ngx_int_t
@@ -361,29 +362,23 @@ ngx_http_idempotency_record_key(ngx_http_request_t *r,
 {
     u_char                             *p;
     ngx_str_t                           scope;
-    EVP_MD_CTX                         *md_ctx;
-    u_char                              md[SHA256_DIGEST_LENGTH];
     ngx_http_idempotency_redis_conf_t  *rcf;
+    u_char             hex[NGX_HTTP_IDEMPOTENCY_SCOPE_HASH_LEN];
 
     if (ngx_http_complex_value(r, ctx->conf->scope, &scope) != NGX_OK) {
         return NGX_ERROR;
     }
 
-    md_ctx = ngx_http_idempotency_md_ctx;
-
-    if (md_ctx == NULL
-        || EVP_DigestInit_ex(md_ctx, ngx_http_idempotency_md, NULL) != 1
-        || EVP_DigestUpdate(md_ctx, scope.data, scope.len) != 1
-        || EVP_DigestFinal_ex(md_ctx, md, NULL) != 1)
+    if (ngx_http_idempotency_scope_hash(ctx->conf, &scope, hex,
+                                        r->connection->log)
+        != NGX_OK)
     {
-        ngx_log_error(NGX_LOG_ALERT, r->connection->log, 0,
-                      "idempotency: SHA-256 of the scope failed");
         return NGX_ERROR;
     }
 
     rcf = ctx->conf->redis;
 
-    ctx->rkey.len = rcf->prefix.len + 2 * SHA256_DIGEST_LENGTH + 1
+    ctx->rkey.len = rcf->prefix.len + NGX_HTTP_IDEMPOTENCY_SCOPE_HASH_LEN + 1
                     + ctx->key.len;
     ctx->rkey.data = ngx_pnalloc(r->pool, ctx->rkey.len);
     if (ctx->rkey.data == NULL) {
@@ -391,7 +386,7 @@ ngx_http_idempotency_record_key(ngx_http_request_t *r,
     }
 
     p = ngx_cpymem(ctx->rkey.data, rcf->prefix.data, rcf->prefix.len);
-    p = ngx_hex_dump(p, md, SHA256_DIGEST_LENGTH);
+    p = ngx_cpymem(p, hex, NGX_HTTP_IDEMPOTENCY_SCOPE_HASH_LEN);
     *p++ = ':';
     ngx_memcpy(p, ctx->key.data, ctx->key.len);
 
@@ -972,6 +967,7 @@ ngx_http_idempotency_replay(ngx_http_request_t *r,
     r->disable_not_modified = 1;
 
     r->headers_out.status = ctx->reply_status;
+    ngx_http_idempotency_status_line(r);
 
     p = ctx->reply_headers.data;
 

@@ -195,6 +195,13 @@ static ngx_command_t  ngx_http_idempotency_commands[] = {
       0,
       NULL },
 
+    { ngx_string("idempotency_admin"),
+      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
+      ngx_http_idempotency_admin,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
       ngx_null_command
 };
 
@@ -342,6 +349,7 @@ ngx_http_idempotency_create_loc_conf(ngx_conf_t *cf)
      *     ilcf->methods = 0;
      *     ilcf->header = { 0, NULL };
      *     ilcf->store_status = NULL;
+     *     ilcf->admin = 0;
      */
 
     ilcf->enable = NGX_CONF_UNSET;
@@ -454,6 +462,19 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
         }
 
         conf->store_status = prev->store_status;
+    }
+
+    if (conf->admin) {
+
+        if (conf->redis == NULL) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "\"idempotency_admin\" needs an "
+                               "\"idempotency_redis\" for its location");
+            return NGX_CONF_ERROR;
+        }
+
+        /* the endpoint itself is never protected by the module */
+        conf->enable = 0;
     }
 
     if (conf->enable && conf->redis == NULL) {
