@@ -958,6 +958,7 @@ ngx_http_idempotency_time(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     ngx_str_t   *value;
     ngx_msec_t  *msp, ms;
+    ngx_uint_t   zero;
 
     msp = (ngx_msec_t *) (p + cmd->offset);
 
@@ -971,14 +972,13 @@ ngx_http_idempotency_time(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     /* only "idempotency_wait" may be 0 */
 
-    if (ms == (ngx_msec_t) NGX_ERROR
-        || (ms == 0 && cmd->offset
-                       != offsetof(ngx_http_idempotency_loc_conf_t, wait)))
-    {
+    zero = (cmd->offset == offsetof(ngx_http_idempotency_loc_conf_t, wait));
+
+    if (ms == (ngx_msec_t) NGX_ERROR || (ms == 0 && !zero)) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "invalid time \"%V\" in \"%V\" directive, "
-                           "a positive time is expected",
-                           &value[1], &cmd->name);
+                           "%s time is expected", &value[1], &cmd->name,
+                           zero ? "0 or a positive" : "a positive");
         return NGX_CONF_ERROR;
     }
 
@@ -1097,12 +1097,16 @@ ngx_http_idempotency_size(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     size = ngx_parse_size(&value[1]);
 
-    /* the body travels to Redis as one bulk string, at most 512 MiB */
+    /*
+     * The body travels to Redis as one bulk string, at most 512 MiB.  0
+     * would store no response at all: every retry would get 422 OVERSIZE,
+     * which is never what is meant (switch "idempotency" off instead).
+     */
 
-    if (size == NGX_ERROR || size > 512 * 1024 * 1024) {
+    if (size == NGX_ERROR || size == 0 || size > 512 * 1024 * 1024) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "invalid size \"%V\" in \"%V\" directive, "
-                           "0 to 512m is expected", &value[1], &cmd->name);
+                           "1 to 512m is expected", &value[1], &cmd->name);
         return NGX_CONF_ERROR;
     }
 
