@@ -80,6 +80,31 @@ sub post {
 
 sub scope_hash { Digest::SHA::sha256_hex($_[0]) }
 
+# GET $uri, read to the end: the status
+sub get {
+    my ($uri) = @_;
+    my $sock = IO::Socket::INET->new(
+        PeerAddr => '127.0.0.1',
+        PeerPort => $ENV{TEST_NGINX_SERVER_PORT},
+        Timeout  => 10,
+    ) or die "connect: $!";
+    print $sock "GET $uri HTTP/1.1\r\nHost: localhost\r\n"
+                . "Connection: close\r\n\r\n";
+    local $/;
+    my $resp = <$sock> // '';
+    my ($status) = $resp =~ m{^HTTP/1\.[01] (\d{3})};
+    return $status // 0;
+}
+
+# a short command timeout, so that a paused Redis is noticed quickly
+our $Timeout = 300 * $Slow;
+our $FailHttpConfig = qq{
+    log_format exec 'EXEC \$request_method \$uri \$http_idempotency_key';
+    idempotency_redis 127.0.0.1:$ENV{TEST_NGINX_REDIS_PORT}
+                      prefix=$ENV{TEST_NGINX_PREFIX}
+                      timeout=${Timeout}ms connect_timeout=${Timeout}ms;
+};
+
 no_shuffle();
 run_tests();
 
@@ -389,3 +414,40 @@ GET /admin?key=done-1&scope=Bearer%20alice
 --- must_die
 --- error_log
 "idempotency_admin" directive is duplicate
+
+
+
+=== TEST 22: Redis paused past the timeout: 503 problem, logged
+--- skip_eval: 4: !$ENV{TEST_NGINX_REDIS_CTL}
+--- http_config eval: $::FailHttpConfig
+--- config eval: $::Config
+--- init
+# the connection is ready first: its handshake is over
+main::get('/admin?key=pause-1&scope=x') == 404 or die "admin not ready";
+main::redis_cli('CLIENT', 'PAUSE', int(1500 * $main::Slow), 'ALL');
+--- request
+GET /admin?key=pause-1&scope=x
+--- error_code: 503
+--- response_headers
+Content-Type: application/problem+json
+--- error_log
+idempotency admin: Redis timed out, key_hash=
+--- wait eval: 1.5 * $::Slow
+
+
+
+=== TEST 23: scripts flushed in Redis: GET and DELETE still work (EVAL)
+--- skip_eval: 4: !$ENV{TEST_NGINX_REDIS_CTL}
+--- http_config eval: $::HttpConfig
+--- config eval: $::Config
+--- init
+main::get('/admin?key=flush-1&scope=x') == 404 or die "admin not ready";
+main::redis_cli('SCRIPT', 'FLUSH');
+main::post('/t', 'flush-1', 'x') == 201 or die "post failed";
+main::get('/admin?key=flush-1&scope=x') == 200 or die "GET after FLUSH";
+main::redis_cli('SCRIPT', 'FLUSH');
+--- request
+DELETE /admin?key=flush-1&scope=x
+--- error_code: 204
+--- no_error_log
+[error]
