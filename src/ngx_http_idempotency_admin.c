@@ -426,6 +426,7 @@ ngx_http_idempotency_admin_inspected(ngx_http_request_t *r,
 
     state = "unreadable";
     ngx_memzero(&rec, sizeof(ngx_http_idempotency_record_t));
+    rec.fp = (const unsigned char *) "";
 
     p = (u_char *) head->str;
     last = p + head->len;
@@ -463,6 +464,7 @@ ngx_http_idempotency_admin_inspected(ngx_http_request_t *r,
 
         } else {
             ngx_memzero(&rec, sizeof(ngx_http_idempotency_record_t));
+            rec.fp = (const unsigned char *) "";
         }
     }
 

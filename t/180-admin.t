@@ -451,3 +451,22 @@ DELETE /admin?key=flush-1&scope=x
 --- error_code: 204
 --- no_error_log
 [error]
+
+
+
+=== TEST 24: a value that is not a record: unreadable, and DELETE removes it
+--- skip_eval: 5: !$ENV{TEST_NGINX_REDIS_CTL}
+--- http_config eval: $::HttpConfig
+--- config eval: $::Config
+--- init
+main::redis_cli('SET', $ENV{TEST_NGINX_PREFIX} . main::scope_hash('x')
+                . ':junk-1', 'not a record', 'PX', 60000);
+main::get('/admin?key=junk-1&scope=x') == 200 or die "GET failed";
+--- request eval
+["GET /admin?key=junk-1&scope=x", "DELETE /admin?key=junk-1&scope=x",
+ "GET /admin?key=junk-1&scope=x"]
+--- error_code eval
+[200, 204, 404]
+--- response_body_like eval
+[qr/"state": "unreadable",\n  "status": null,\n  "ttl_ms": \d+,\n  "size": 12,\n  "created": null,\n  "fingerprint": ""\n/,
+ qr/^$/, qr/No record/]
