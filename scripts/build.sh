@@ -3,6 +3,9 @@
 #
 #   scripts/build.sh signature|configure|module|check-load|check-src
 #
+# Quiet unless V=1 (make V=1 build): the compiler's command lines go to
+# build/make.log and are shown only when the build fails.
+#
 # NGINX_SRC is Debian's nginx-dev tree (/usr/share/nginx/src, configured with
 # the flags in its conf_flags, so the .so matches /usr/sbin/nginx) or a plain
 # nginx source tree (configured with --with-compat). Either way configure runs
@@ -57,11 +60,19 @@ configure() {
         rm -f "$objs/Makefile"
         die "configure failed, see build/configure.log"
     fi
-    grep -E 'idempotency|hiredis|libcrypto' "$BUILD/configure.log" || true
+    if [ "${V:-0}" = 1 ]; then
+        grep -E 'idempotency|hiredis|libcrypto' "$BUILD/configure.log" || true
+    fi
 }
 
 module() {
-    make --no-print-directory -f "$objs/Makefile" -C "$tree" modules
+    if [ "${V:-0}" = 1 ]; then
+        make --no-print-directory -f "$objs/Makefile" -C "$tree" modules
+    elif ! make --no-print-directory -f "$objs/Makefile" -C "$tree" modules \
+            > "$BUILD/make.log" 2>&1; then
+        tail -n 40 "$BUILD/make.log" >&2
+        die "the module did not build, see build/make.log (V=1 shows it all)"
+    fi
     # copy only on change, so that make sees an unchanged .so as up to date
     cmp -s "$objs/$name.so" "$BUILD/$name.so" \
         || cp "$objs/$name.so" "$BUILD/$name.so"

@@ -73,7 +73,9 @@ wait_port "$redis_port" 10 "$redis_pid" \
 nginx_pid=$!
 wait_port "$port" 10 "$nginx_pid" || die "nginx did not start"
 
-url=http://127.0.0.1:$port/orders
+base=http://127.0.0.1:$port
+url=$base/orders
+auth="-H 'Authorization: Bearer alice'"
 cat <<MSG
 
 Idempotency demo running (configuration: build/run/nginx.conf, rendered
@@ -82,23 +84,40 @@ from examples/nginx.conf):
   demo upstream    http://127.0.0.1:$upstream_port/orders (new order_id each run)
   redis            127.0.0.1:$redis_port
 
+The scope (idempotency_scope) is the Authorization header: the commands
+send 'Bearer alice'; the same key with another one is another request.
+
 Try from another shell:
   # keys are per client (idempotency_scope \$http_authorization): alice
   # a new key: the upstream runs, the response is stored (MISS)
-  curl -i $url -H 'Authorization: Bearer alice' -H 'Idempotency-Key: order-1' -d '{"sku":"A1","qty":2}'
-  # the same again: replayed from Redis, same order_id, Idempotent-Replayed: true
-  curl -i $url -H 'Authorization: Bearer alice' -H 'Idempotency-Key: order-1' -d '{"sku":"A1","qty":2}'
-  # the same key with another body: 422, the key belongs to another request
-  curl -i $url -H 'Authorization: Bearer alice' -H 'Idempotency-Key: order-1' -d '{"sku":"B2","qty":1}'
-  # a different key, or another client (bob): a new order
-  curl -i $url -H 'Authorization: Bearer alice' -H 'Idempotency-Key: order-2' -d '{"sku":"A1","qty":2}'
+  curl -i $url $auth -H 'Idempotency-Key: order-1' -d '{"sku":"A1","qty":2}'
+  # the same again: replayed from Redis, same order_id, Idempotent-Replayed: true (HIT)
+  curl -i $url $auth -H 'Idempotency-Key: order-1' -d '{"sku":"A1","qty":2}'
+  # the same key with another body: 422, the key belongs to another request (MISMATCH)
+  curl -i $url $auth -H 'Idempotency-Key: order-1' -d '{"sku":"B2","qty":1}'
+  # a different key, or another client: a new order (MISS)
+  curl -i $url $auth -H 'Idempotency-Key: order-2' -d '{"sku":"A1","qty":2}'
   curl -i $url -H 'Authorization: Bearer bob' -H 'Idempotency-Key: order-1' -d '{"sku":"A1","qty":2}'
   # a key but no credentials: 400 (UNSCOPED), no shared namespace
   curl -i $url -H 'Idempotency-Key: order-1' -d '{"sku":"A1","qty":2}'
   # GET is not protected: it passes through every time (BYPASS)
   curl -i $url
-  # what is stored
-  redis-cli -p $redis_port --scan
+
+  # a slow upstream (about 5 s): run this, and again from a second shell
+  # while the first waits: the second gets 409 Conflict, Retry-After: 1 (CONFLICT)
+  curl -i $base/slow-orders $auth -H 'Idempotency-Key: slow-1' -d '{"sku":"C3"}'
+  # with idempotency_wait 10s the duplicate waits and gets the first's answer (HIT)
+  curl -i $base/slow-orders-wait $auth -H 'Idempotency-Key: slow-2' -d '{"sku":"C3"}'
+
+  # idempotency_required on: without a key, 400 (MISSING); with one, it runs
+  curl -i $base/payments $auth -d '{"amount":100}'
+  curl -i $base/payments $auth -H 'Idempotency-Key: pay-1' -d '{"amount":100}'
+
+  # what is stored for a key (state, status, TTL), and removing it so that it runs again
+  curl -sG $base/idempotency_admin --data-urlencode key=order-1 --data-urlencode 'scope=Bearer alice'
+  curl -sG -X DELETE $base/idempotency_admin --data-urlencode key=order-1 --data-urlencode 'scope=Bearer alice'
+  # the counters of every outcome
+  curl -s $base/idempotency_status
 
 Access log follows. Ctrl-C (or \`make stop\` from another shell) stops it all.
 

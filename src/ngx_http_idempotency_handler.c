@@ -1015,6 +1015,7 @@ ngx_http_idempotency_replay(ngx_http_request_t *r,
     r->disable_not_modified = 1;
 
     r->headers_out.status = ctx->reply_status;
+    ngx_http_idempotency_status_line(r);
 
     p = ctx->reply_headers.data;
 

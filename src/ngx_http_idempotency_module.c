@@ -203,6 +203,13 @@ static ngx_command_t  ngx_http_idempotency_commands[] = {
       0,
       NULL },
 
+    { ngx_string("idempotency_admin"),
+      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
+      ngx_http_idempotency_admin,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
       ngx_null_command
 };
 
@@ -350,6 +357,7 @@ ngx_http_idempotency_create_loc_conf(ngx_conf_t *cf)
      *     ilcf->methods = 0;
      *     ilcf->header = { 0, NULL };
      *     ilcf->store_status = NULL;
+     *     ilcf->admin = 0;
      */
 
     ilcf->enable = NGX_CONF_UNSET;
@@ -464,6 +472,19 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
         }
 
         conf->store_status = prev->store_status;
+    }
+
+    if (conf->admin) {
+
+        if (conf->redis == NULL) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "\"idempotency_admin\" needs an "
+                               "\"idempotency_redis\" for its location");
+            return NGX_CONF_ERROR;
+        }
+
+        /* the endpoint itself is never protected by the module */
+        conf->enable = 0;
     }
 
     if (conf->enable && conf->redis == NULL) {
@@ -952,6 +973,7 @@ ngx_http_idempotency_time(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     ngx_str_t   *value;
     ngx_msec_t  *msp, ms;
+    ngx_uint_t   zero;
 
     msp = (ngx_msec_t *) (p + cmd->offset);
 
@@ -965,14 +987,13 @@ ngx_http_idempotency_time(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     /* only "idempotency_wait" may be 0 */
 
-    if (ms == (ngx_msec_t) NGX_ERROR
-        || (ms == 0 && cmd->offset
-                       != offsetof(ngx_http_idempotency_loc_conf_t, wait)))
-    {
+    zero = (cmd->offset == offsetof(ngx_http_idempotency_loc_conf_t, wait));
+
+    if (ms == (ngx_msec_t) NGX_ERROR || (ms == 0 && !zero)) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "invalid time \"%V\" in \"%V\" directive, "
-                           "a positive time is expected",
-                           &value[1], &cmd->name);
+                           "%s time is expected", &value[1], &cmd->name,
+                           zero ? "0 or a positive" : "a positive");
         return NGX_CONF_ERROR;
     }
 
@@ -1091,12 +1112,16 @@ ngx_http_idempotency_size(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     size = ngx_parse_size(&value[1]);
 
-    /* the body travels to Redis as one bulk string, at most 512 MiB */
+    /*
+     * The body travels to Redis as one bulk string, at most 512 MiB.  0
+     * would store no response at all: every retry would get 422 OVERSIZE,
+     * which is never what is meant (switch "idempotency" off instead).
+     */
 
-    if (size == NGX_ERROR || size > 512 * 1024 * 1024) {
+    if (size == NGX_ERROR || size == 0 || size > 512 * 1024 * 1024) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "invalid size \"%V\" in \"%V\" directive, "
-                           "0 to 512m is expected", &value[1], &cmd->name);
+                           "1 to 512m is expected", &value[1], &cmd->name);
         return NGX_CONF_ERROR;
     }
 

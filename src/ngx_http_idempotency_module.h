@@ -31,6 +31,9 @@
     (sizeof("idem1 inflight    000\r\n\r\n") - 1 + 64                       \
      + NGX_HTTP_IDEMPOTENCY_OWNER_LEN + NGX_INT64_LEN)
 
+/* no NGX_HTTP_ constant in nginx */
+#define NGX_HTTP_IDEMPOTENCY_UNPROCESSABLE       422
+
 /* statuses 0 .. 599 as a bitmap */
 #define NGX_HTTP_IDEMPOTENCY_STATUS_MAX          600
 
@@ -95,6 +98,7 @@ typedef struct {
     ngx_array_t                         *pass_headers;  /* of ngx_str_t */
     ngx_array_t                         *skip_headers;  /* merged result */
     ngx_http_idempotency_scope_secret_t *scope_secret;  /* NULL: none */
+    ngx_flag_t                           admin;   /* idempotency_admin here */
 } ngx_http_idempotency_loc_conf_t;
 
 
@@ -171,6 +175,11 @@ void ngx_http_idempotency_renew_start(ngx_http_idempotency_ctx_t *ctx);
 
 ngx_int_t ngx_http_idempotency_send_problem(ngx_http_request_t *r,
     ngx_http_idempotency_outcome_e outcome);
+ngx_int_t ngx_http_idempotency_send_problem_text(ngx_http_request_t *r,
+    ngx_uint_t status, ngx_str_t *type, ngx_str_t *title, ngx_str_t *detail);
+void ngx_http_idempotency_status_line(ngx_http_request_t *r);
+char *ngx_http_idempotency_admin(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
 
 ngx_uint_t ngx_http_idempotency_status_storable(
     ngx_http_idempotency_loc_conf_t *ilcf, ngx_uint_t status);

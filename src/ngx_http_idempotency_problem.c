@@ -40,14 +40,14 @@ static ngx_http_idempotency_problem_t  ngx_http_idempotency_problems[] = {
                  "processed; retry later to get its response."),
       1 },
 
-    { 422,
+    { NGX_HTTP_IDEMPOTENCY_UNPROCESSABLE,
       ngx_string("key-reused"),
       ngx_string("Idempotency-Key is already used"),
       ngx_string("This Idempotency-Key was used with a different request; "
                  "a key must not be reused across different payloads."),
       0 },
 
-    { 422,
+    { NGX_HTTP_IDEMPOTENCY_UNPROCESSABLE,
       ngx_string("response-not-stored"),
       ngx_string("Response for this Idempotency-Key is not available"),
       ngx_string("The operation for this key has completed, but its "
@@ -71,6 +71,10 @@ static ngx_http_idempotency_problem_t  ngx_http_idempotency_problems[] = {
                  "idempotency_scope to what identifies a client."),
       0 }
 };
+
+
+static ngx_int_t ngx_http_idempotency_problem_send(ngx_http_request_t *r,
+    ngx_http_idempotency_problem_t *pr);
 
 
 static ngx_http_idempotency_problem_t *
@@ -106,15 +110,38 @@ ngx_int_t
 ngx_http_idempotency_send_problem(ngx_http_request_t *r,
     ngx_http_idempotency_outcome_e outcome)
 {
-    size_t                           len;
-    ngx_int_t                        rc;
-    ngx_buf_t                       *b;
-    ngx_chain_t                      out;
-    ngx_table_elt_t                 *h;
-    ngx_http_idempotency_problem_t   *pr;
+    return ngx_http_idempotency_problem_send(r,
+                                     ngx_http_idempotency_problem_of(outcome));
+}
+
+
+ngx_int_t
+ngx_http_idempotency_send_problem_text(ngx_http_request_t *r,
+    ngx_uint_t status, ngx_str_t *type, ngx_str_t *title, ngx_str_t *detail)
+{
+    ngx_http_idempotency_problem_t  pr;
+
+    pr.status = status;
+    pr.type = *type;
+    pr.title = *title;
+    pr.detail = *detail;
+    pr.retry_after = 0;
+
+    return ngx_http_idempotency_problem_send(r, &pr);
+}
+
+
+static ngx_int_t
+ngx_http_idempotency_problem_send(ngx_http_request_t *r,
+    ngx_http_idempotency_problem_t *pr)
+{
+    size_t                            len;
+    ngx_int_t                         rc;
+    ngx_buf_t                        *b;
+    ngx_chain_t                       out;
+    ngx_table_elt_t                  *h;
     ngx_http_idempotency_loc_conf_t  *ilcf;
 
-    pr = ngx_http_idempotency_problem_of(outcome);
     ilcf = ngx_http_get_module_loc_conf(r, ngx_http_idempotency_module);
 
     /* keeps a keep-alive connection in step when the body was not read */
@@ -143,6 +170,7 @@ ngx_http_idempotency_send_problem(ngx_http_request_t *r,
     b->last_in_chain = 1;
 
     r->headers_out.status = pr->status;
+    ngx_http_idempotency_status_line(r);
     r->headers_out.content_length_n = b->last - b->pos;
     ngx_str_set(&r->headers_out.content_type, "application/problem+json");
     r->headers_out.content_type_len = r->headers_out.content_type.len;
@@ -184,4 +212,19 @@ ngx_http_idempotency_send_problem(ngx_http_request_t *r,
     out.next = NULL;
 
     return ngx_http_output_filter(r, &out);
+}
+
+
+/*
+ * nginx has no reason phrase for 422 (an empty slot in its table, up to
+ * 1.31 at least): without one the status line would be "HTTP/1.1 422 ".
+ * HTTP/2 and HTTP/3 send no status line and ignore it.
+ */
+
+void
+ngx_http_idempotency_status_line(ngx_http_request_t *r)
+{
+    if (r->headers_out.status == NGX_HTTP_IDEMPOTENCY_UNPROCESSABLE) {
+        ngx_str_set(&r->headers_out.status_line, "422 Unprocessable Entity");
+    }
 }

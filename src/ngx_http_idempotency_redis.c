@@ -276,7 +276,13 @@ static ngx_http_idempotency_redis_script_t
       sizeof(ngx_http_idempotency_lua_release) - 1, "" },
 
     { "renew", ngx_http_idempotency_lua_renew,
-      sizeof(ngx_http_idempotency_lua_renew) - 1, "" }
+      sizeof(ngx_http_idempotency_lua_renew) - 1, "" },
+
+    { "inspect", ngx_http_idempotency_lua_inspect,
+      sizeof(ngx_http_idempotency_lua_inspect) - 1, "" },
+
+    { "purge", ngx_http_idempotency_lua_purge,
+      sizeof(ngx_http_idempotency_lua_purge) - 1, "" }
 };
 
 

@@ -45,7 +45,7 @@ __DATA__
         idempotency_scope "$http_x_tenant:$remote_user";
         idempotency_header X-Request-Key;
         idempotency_wait 2s;
-        idempotency_max_response_size 0;
+        idempotency_max_response_size 1;
         idempotency_on_store_error open;
         idempotency_store_status 200 201 4xx !404;
         idempotency_key_max_length 1024;
@@ -95,6 +95,25 @@ invalid time "0" in "idempotency_lock_ttl" directive
 --- error_log
 [emerg]
 invalid time "soon" in "idempotency_wait" directive
+
+
+
+=== TEST 4a: a negative wait is an error that names 0 as valid
+--- config
+    idempotency_wait -1;
+--- must_die
+--- error_log
+[emerg]
+invalid time "-1" in "idempotency_wait" directive, 0 or a positive time is expected
+
+
+
+=== TEST 4b: a zero lock TTL asks for a positive time
+--- config
+    idempotency_lock_ttl 0s;
+--- must_die
+--- error_log
+invalid time "0s" in "idempotency_lock_ttl" directive, a positive time is expected
 
 
 
@@ -267,6 +286,17 @@ invalid value "maybe" in "idempotency_on_store_error" directive
 --- error_log
 [emerg]
 invalid size "1x" in "idempotency_max_response_size" directive
+
+
+
+=== TEST 15a: a zero idempotency_max_response_size is an error
+(it would answer every retry with 422 OVERSIZE)
+--- config
+    idempotency_max_response_size 0;
+--- must_die
+--- error_log
+[emerg]
+invalid size "0" in "idempotency_max_response_size" directive, 1 to 512m is expected
 
 
 

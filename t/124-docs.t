@@ -3,8 +3,9 @@
 # docs/directives.md (Syntax / Default / Context), every error-log message
 # of src/ is in docs/troubleshooting.md, every nginx block in
 # README.md and docs/*.md passes `nginx -t` with the built module, every
-# relative link points at a file, and every diagram's SVG is what its .dot
-# source renders to.
+# relative link points at a file, no page refers to a file or text that
+# users do not have, and every diagram's SVG is what its .dot source renders
+# to.
 
 use strict;
 use warnings;
@@ -153,6 +154,21 @@ for my $page (@pages, 'CHANGELOG.md') {
         next if $link =~ m{^[a-z]+:};
         next if $link =~ m{(^|/)observability\.md$};
         ok(-e "$dir/$link", "$page links to $link, which exists");
+    }
+}
+
+# -- the pages stand on their own: no pointer to files or texts that ship
+# only with the project's development (a design file, a sibling checkout,
+# "the design", "the contract")
+for my $page (@pages) {
+    my $md = slurp($page);
+    for my $bad (qr/DESIGN\.md/, qr{\.\./shared\b}, qr/\bthe design\b/i,
+                 qr/\bcontract file\b/i, qr/\bthe contract\b/i,
+                 qr/\bBehaviour \d+ of\b/i, qr/\bsteering repositor/i)
+    {
+        my @hits = $md =~ /^(.*$bad.*)$/mg;
+        ok(!@hits, "$page does not refer to $bad")
+            or diag(join "\n", @hits);
     }
 }
 

@@ -1,7 +1,9 @@
 # make deb's package installs, loads and goes away cleanly: built with
 # `make deb`, installed with apt-get, its .so and modules-enabled link are
 # where Debian's nginx looks, `nginx -t` accepts a configuration that uses
-# the module through that link, and a purge leaves /etc/nginx, the modules
+# the module through that link, its documentation (README, the directive
+# reference, README.Debian, an example site) is installed, and a purge
+# leaves /etc/nginx, the modules
 # directory and modules-available as they were. Installs packages: runs as
 # root only (make test-deb), and never starts or reloads the system nginx.
 
@@ -123,6 +125,36 @@ close $c;
 ok(run_quiet($nginx, '-q', '-t', '-e', 'stderr', '-c', "$tmp/nginx.conf"),
    'nginx -t: a configuration using the module, loaded through the link');
 
+# the package documents itself: README, the directive reference (and the
+# other pages it links to), README.Debian on purging and rebuilding, and
+# an example site that nginx accepts through the link
+my $doc = "/usr/share/doc/$pkg";
+ok(-f "$doc/README.md", "$doc/README.md is installed");
+ok(-f "$doc/docs/directives.md", "  and docs/directives.md");
+like(do { local (@ARGV, $/) = "$doc/docs/directives.md"; <> // '' },
+     qr/^### idempotency_admin$/m, '  which documents every directive');
+my $readme = do { local (@ARGV, $/) = "$doc/README.md"; <> // '' };
+my @links = grep { m{^docs/} } $readme =~ /\]\(([^)#\s]+)(?:#[^)]*)?\)/g;
+my @missing = grep { !-e "$doc/$_" } @links;
+ok(@links >= 5 && !@missing, 'every docs/ page README.md links to is '
+   . 'installed next to it (' . scalar(@links) . ' links)')
+    or diag("missing: @missing");
+my ($debian) = grep { -f } map { "$doc/README.Debian$_" } ('', '.gz');
+ok($debian, "$doc/README.Debian is installed");
+my $notes = $debian && $debian =~ /\.gz$/ ? `zcat '$debian'`
+          : $debian ? do { local (@ARGV, $/) = $debian; <> } : '';
+like($notes, qr/unknown directive/, '  it says to remove the directives '
+     . 'before purging');
+like($notes, qr/nginx-abi/, '  and to rebuild for a new nginx ABI');
+my $site = "$doc/examples/debian-site.conf";
+ok(-f $site, "$site is installed");
+open $c, '>', "$tmp/site.conf" or die $!;
+print $c "pid $tmp/nginx.pid;\nerror_log stderr;\ninclude $link;\n"
+         . "events {}\nhttp {\n    access_log off;\n    include $site;\n}\n";
+close $c;
+ok(run_quiet($nginx, '-q', '-t', '-e', 'stderr', '-c', "$tmp/site.conf"),
+   'nginx -t accepts the example site');
+
 # the same configuration without the link fails: the test above does
 # depend on the installed module
 open $c, '>', "$tmp/bare.conf" or die $!;
@@ -136,6 +168,7 @@ ok(run_quiet(@apt, 'purge', $pkg), "apt-get purge $pkg");
 like(pkg_status(), qr/not-installed/, 'the package is gone');
 ok(!-e $so, 'the module is gone');
 ok(!-e $conf, 'the snippet is gone');
+ok(!-e $doc, "$doc is gone");
 ok(!-l $link && !-l "$link.removed", 'the modules-enabled link is gone');
 is(snapshot(), $before,
    'modules-enabled, modules-available and the modules directory are as before');
