@@ -68,7 +68,9 @@ signature() {
     mkdir -p "$BUILD"
     printf '%s\n' "nginx $version in $NGINX_SRC" "flags: ${flags[*]}" \
         "cc-opt: $cc_opt" "ld-opt: $ld_opt" \
-        "hiredis: ${HIREDIS_INC:-system} ${HIREDIS_LIB:-system}" > "$sig.new"
+        "hiredis: ${HIREDIS_INC:-system} ${HIREDIS_LIB:-system}" \
+        "$(ls -l "${HIREDIS_LIB:-/nonexistent}"/libhiredis.so* 2>/dev/null)" \
+        > "$sig.new"
     if cmp -s "$sig.new" "$sig"; then rm "$sig.new"; else mv "$sig.new" "$sig"; fi
 }
 
