@@ -29,18 +29,21 @@ B := build
 ifneq ($(NGINX_VERSION),)
 B := build/nginx-$(NGINX_VERSION)
 NGINX_SRC := $(CURDIR)/build/src/nginx-$(NGINX_VERSION)
-NGINX_BIN := $(CURDIR)/$(B)/objs/nginx
 endif
 ifneq ($(HIREDIS),)
 B := $(B)/with-hiredis-$(HIREDIS)
 HIREDIS_INC := $(CURDIR)/build/hiredis-$(HIREDIS)/include
 HIREDIS_LIB := $(CURDIR)/build/hiredis-$(HIREDIS)/lib
 endif
+ifneq ($(NGINX_VERSION),)
+NGINX_BIN := $(CURDIR)/$(B)/objs/nginx
+endif
 BUILD_DIR := $(CURDIR)/$(B)
+NGINX_BINARY := $(if $(filter build-module,$(MAKECMDGOALS)),no,yes)
 
 export NGINX_SRC NGINX_BIN CC_OPT LD_OPT PORT UPSTREAM_PORT REDIS_PORT \
        TESTS PROVE_FLAGS FUZZ_SECONDS NGINX_VERSION HIREDIS SHARED_DIR \
-       HIREDIS_INC HIREDIS_LIB BUILD_DIR TEST_NGINX_LIB
+       HIREDIS_INC HIREDIS_LIB BUILD_DIR TEST_NGINX_LIB NGINX_BINARY
 
 MODULE := $(B)/ngx_http_idempotency_module.so
 
@@ -70,11 +73,16 @@ SETUP_SET := all
 endif
 
 .DEFAULT_GOAL := build
-.PHONY: build setup check-load check-example check-src \
+.PHONY: build build-module setup check-load check-example check-src \
         run stop test test-valgrind test-asan fuzz lint deb test-deb docs \
         clean help FORCE
 
 build: check-load
+
+# the module only: with NGINX_VERSION, nginx itself is not built (a compile
+# check against that version's tree, as CI does for the versions it does
+# not run the suites on)
+build-module: $(MODULE)
 
 check-load: $(MODULE)
 	@scripts/build.sh check-load
@@ -149,6 +157,7 @@ clean:
 help:
 	@echo 'make [build]        build build/ngx_http_idempotency_module.so and check it loads'
 	@echo '                    (NGINX_SRC=/path/to/nginx-1.22.1 for a plain source tree)'
+	@echo 'make build-module   the module only (with NGINX_VERSION: not nginx itself)'
 	@echo 'make setup          install the Debian packages everything needs (as root)'
 	@echo 'make run            demo: redis + nginx with examples/nginx.conf on'
 	@echo '                    127.0.0.1:$$PORT (8080); Ctrl-C or make stop ends it'

@@ -53,7 +53,7 @@ ld_opt="$(dpkg-buildflags --get LDFLAGS) -fPIC ${LD_OPT:-}"
 flags=(--with-compat)
 if [ -n "${NGINX_VERSION:-}" ]; then
     # what t/*.t and the docs' examples use, nothing more (build time)
-    flags+=(--with-threads --with-http_ssl_module --with-http_v2_module
+    flags+=(--with-debug --with-threads --with-http_ssl_module --with-http_v2_module
             --with-http_auth_request_module --with-http_sub_module
             --with-http_stub_status_module --with-http_realip_module
             --with-http_slice_module)
@@ -97,7 +97,8 @@ configure() {
 module() {
     local targets=(modules) jobs=()
     # nginx itself too when we built it from a tarball
-    [ -n "${NGINX_VERSION:-}" ] && targets=(binary modules)
+    [ -n "${NGINX_VERSION:-}" ] && [ "${NGINX_BINARY:-yes}" = yes ] \
+        && targets=(binary modules)
     # two jobs unless make's jobserver (make -jN) already shares some
     case " ${MAKEFLAGS:-} " in
         *jobserver*|*" -j"*) ;;

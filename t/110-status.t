@@ -424,6 +424,7 @@ Content-Type: text/plain; version=0.0.4
 --- http_config eval: $::HttpConfig
 --- config eval: $::Config
 --- init
+return if !$ENV{TEST_NGINX_REDIS_CTL};    # skipped (the real Test::Nginx runs init anyway)
 my $S = $main::Slow;
 my %want;
 Test::More::is(main::post('/t', 'o-miss', 'a'), 201, 'MISS');
@@ -477,6 +478,7 @@ GET /status
 === TEST 11: every claimed request's response has exactly one result
 --- skip_eval: 2: !$ENV{TEST_NGINX_REDIS_CTL}
 --- init
+return if !$ENV{TEST_NGINX_REDIS_CTL};    # skipped (the real Test::Nginx runs init anyway)
 my $s = main::status_json();
 Test::More::is($s->{responses}{stored} + $s->{responses}{too_large}
                + $s->{responses}{not_storable}
@@ -550,6 +552,7 @@ GET /status
 --- http_config eval: $::HttpConfig
 --- config eval: $::Config
 --- init
+return if $ENV{TEST_NGINX_USE_VALGRIND};    # skipped (the real Test::Nginx runs init anyway)
 my (%pids, $n);
 for ($n = 1; $n <= 200; $n++) {
     my ($status, $head) = main::http('GET', '/t');
@@ -568,6 +571,7 @@ GET /status
 === TEST 15: the counters go on across a reload
 --- skip_eval: 3: $ENV{TEST_NGINX_USE_VALGRIND}
 --- init
+return if $ENV{TEST_NGINX_USE_VALGRIND};    # skipped (the real Test::Nginx runs init anyway)
 my $before = main::status_json()->{requests}{BYPASS};
 open my $fh, '<', "$ENV{TEST_NGINX_SERVER_ROOT}/logs/nginx.pid" or die $!;
 chomp(my $pid = <$fh>);
@@ -621,6 +625,7 @@ secret-key-17
 --- config eval: $::Config
 --- log_level: info
 --- init
+return if !$ENV{TEST_NGINX_REDIS_CTL};    # skipped (the real Test::Nginx runs init anyway)
 main::redis_ctl('kill');
 select(undef, undef, undef, 0.3 * $main::Slow);
 --- request
@@ -639,6 +644,7 @@ secret-key-18
 === TEST 19: Redis is back for the blocks after
 --- skip_eval: 1: !$ENV{TEST_NGINX_REDIS_CTL}
 --- init
+return if !$ENV{TEST_NGINX_REDIS_CTL};    # skipped (the real Test::Nginx runs init anyway)
 main::redis_ctl('start');
 select(undef, undef, undef, 2.5 * $main::Slow);
 --- request
@@ -655,6 +661,7 @@ Idempotency-Key: back-19
 --- http_config eval: $::FailHttpConfig
 --- config eval: $::FailConfig
 --- init
+return if !$ENV{TEST_NGINX_REDIS_CTL};    # skipped (the real Test::Nginx runs init anyway)
 # a request first: the connection is ready, its handshake is over
 Test::More::is(main::post('/t', 'warm-20'), 201, 'Redis is there');
 # and its store is done: a store queued behind the pause would time out
@@ -681,6 +688,7 @@ qr/\[error\] .*idempotency: Redis timed out, request refused with 503, key_hash=
 --- http_config eval: $::FailHttpConfig
 --- config eval: $::FailConfig
 --- init
+return if !$ENV{TEST_NGINX_REDIS_CTL};    # skipped (the real Test::Nginx runs init anyway)
 # a request first: the scripts were loaded before they are flushed
 Test::More::is(main::post('/t', 'warm-21'), 201, 'Redis is there');
 select(undef, undef, undef, 0.2 * $main::Slow);
@@ -706,6 +714,7 @@ GET /status
 --- http_config eval: $::FailHttpConfig
 --- config eval: $::FailConfig
 --- init
+return if !$ENV{TEST_NGINX_REDIS_CTL};    # skipped (the real Test::Nginx runs init anyway)
 use Digest::SHA ();
 main::first_request('/fence', 'fence-22');
 main::redis_cli('DEL', $ENV{TEST_NGINX_PREFIX} . Digest::SHA::sha256_hex('')
@@ -730,6 +739,7 @@ GET /status
 --- http_config eval: $::FailHttpConfig
 --- config eval: $::FailConfig
 --- init
+return if !$ENV{TEST_NGINX_REDIS_CTL};    # skipped (the real Test::Nginx runs init anyway)
 main::first_request('/park', 'park-23');
 main::redis_ctl('kill');
 select(undef, undef, undef, 4 * $main::Slow);
