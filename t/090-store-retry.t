@@ -263,7 +263,12 @@ main::upstream_once(before => sub {
            . "local stop = t[1] * 1000000 + t[2] + $secs * 1000000 "
            . "repeat t = redis.call('TIME') "
            . "until t[1] * 1000000 + t[2] >= stop\" 0 > /dev/null 2>&1 &");
-    Time::HiRes::sleep(0.3);
+    # answer once Redis is busy with the script: a fixed pause was too
+    # short on a loaded machine (redis-cli itself can take that long)
+    my $end = Time::HiRes::time() + 5 * $main::Slow;
+    Time::HiRes::sleep(0.02)
+        until main::redis_cli('PING') =~ /BUSY/
+              || Time::HiRes::time() > $end;
 });
 --- request
 POST /t
