@@ -513,7 +513,11 @@ my @le = map { $_->[1]{le} } grep { $_->[0] =~ /_bucket$/ } @{ $h->{samples} // 
 Test::More::is_deeply(\@le, [qw(0.0005 0.001 0.0025 0.005 0.01 0.025 0.05 0.1
                                 0.25 0.5 1 +Inf)], 'bucket bounds in seconds');
 my ($count) = map { $_->[2] } grep { $_->[0] =~ /_count$/ } @{ $h->{samples} // [] };
-Test::More::cmp_ok($count, '>', 0, 'round trips were measured');
+if ($ENV{TEST_NGINX_REDIS_CTL}) {
+    Test::More::cmp_ok($count, '>', 0, 'round trips were measured');
+} else {    # TEST 10, whose requests make them, was skipped
+    Test::More::ok(defined $count, 'round trips are counted');
+}
 Test::More::is($count, $json->{redis}{replies}, 'one per reply, as in JSON');
 my $doc = do { local (@ARGV, $/) = 'docs/observability.md'; <> };
 Test::More::is_deeply([ grep { index($doc, "`$_") < 0 } sort keys %$fam ], [],
