@@ -113,6 +113,8 @@ test_nginx_lib() {
         echo "test: the bundled runner t/runner (Test::Nginx is not installed)"
     fi
     echo "test: $("$TEST_NGINX_BINARY" -v 2>&1), module $TEST_NGINX_LOAD_MODULES"
+    echo "test: the module loads $(ldd "$TEST_NGINX_LOAD_MODULES" 2>/dev/null \
+        | sed -n 's/^[[:space:]]*\(libhiredis[^ ]*\) => \([^ ]*\).*/\1 (\2)/p')"
 }
 
 prove_tests() {
