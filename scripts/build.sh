@@ -10,8 +10,33 @@
 # the flags in its conf_flags, so the .so matches /usr/sbin/nginx) or a plain
 # nginx source tree (configured with --with-compat). Either way configure runs
 # in a private mirror of the tree under build/: the tree itself is only read.
+#
+# NGINX_VERSION=1.30.4 builds nginx itself too: the tarball
+# SHARED_DIR/nginx/nginx-1.30.4.tar.gz is extracted into build/src/, configured
+# with --with-compat and the modules the test suite uses, and make builds the
+# binary (BUILD_DIR/objs/nginx) along with the module.
+# HIREDIS=1.4.1 (with HIREDIS_INC and HIREDIS_LIB) builds that hiredis first
+# (scripts/hiredis.sh); config then compiles and links the module against it.
 set -eu
 . "$(dirname "$0")/lib.sh"
+
+if [ -n "${NGINX_VERSION:-}" ]; then
+    NGINX_SRC=$ROOT/build/src/nginx-$NGINX_VERSION
+    NGINX_BIN=$BUILD/objs/nginx
+    if [ ! -f "$NGINX_SRC/src/core/nginx.h" ] && [ "${1:-}" = signature ]; then
+        tarball=$SHARED_DIR/nginx/nginx-$NGINX_VERSION.tar.gz
+        [ -f "$tarball" ] || die "no $tarball (SHARED_DIR=/path/to/shared)"
+        echo "build: extracting $(basename "$tarball") into build/src/"
+        rm -rf "$NGINX_SRC.tmp"
+        mkdir -p "$NGINX_SRC.tmp"
+        tar xzf "$tarball" -C "$NGINX_SRC.tmp"
+        mv "$NGINX_SRC.tmp/nginx-$NGINX_VERSION" "$NGINX_SRC"
+        rm -rf "$NGINX_SRC.tmp"
+    fi
+fi
+if [ -n "${HIREDIS:-}" ] && [ "${1:-}" = signature ]; then
+    "$ROOT/scripts/hiredis.sh" "$HIREDIS"
+fi
 
 NGINX_SRC=$(realpath "${NGINX_SRC:-/usr/share/nginx/src}")
 NGINX_BIN=${NGINX_BIN:-/usr/sbin/nginx}
@@ -29,7 +54,13 @@ cc_opt="$(dpkg-buildflags --get CFLAGS) $(dpkg-buildflags --get CPPFLAGS)"
 cc_opt="$cc_opt -fPIC -Wall -Wextra -Werror -g ${CC_OPT:-}"
 ld_opt="$(dpkg-buildflags --get LDFLAGS) -fPIC ${LD_OPT:-}"
 flags=(--with-compat)
-if [ -f "$NGINX_SRC/conf_flags" ]; then
+if [ -n "${NGINX_VERSION:-}" ]; then
+    # what t/*.t and the docs' examples use, nothing more (build time)
+    flags+=(--with-debug --with-threads --with-http_ssl_module --with-http_v2_module
+            --with-http_auth_request_module --with-http_sub_module
+            --with-http_stub_status_module --with-http_realip_module
+            --with-http_slice_module)
+elif [ -f "$NGINX_SRC/conf_flags" ]; then
     . "$NGINX_SRC/conf_flags"
     flags=("${NGX_CONF_FLAGS[@]}")
 fi
@@ -39,7 +70,10 @@ version=$(sed -n 's/^#define NGINX_VERSION *"\(.*\)"/\1/p' "$NGINX_SRC/src/core/
 signature() {
     mkdir -p "$BUILD"
     printf '%s\n' "nginx $version in $NGINX_SRC" "flags: ${flags[*]}" \
-        "cc-opt: $cc_opt" "ld-opt: $ld_opt" > "$sig.new"
+        "cc-opt: $cc_opt" "ld-opt: $ld_opt" \
+        "hiredis: ${HIREDIS_INC:-system} ${HIREDIS_LIB:-system}" \
+        "$(ls -l "${HIREDIS_LIB:-/nonexistent}"/libhiredis.so* 2>/dev/null)" \
+        > "$sig.new"
     if cmp -s "$sig.new" "$sig"; then rm "$sig.new"; else mv "$sig.new" "$sig"; fi
 }
 
@@ -66,10 +100,20 @@ configure() {
 }
 
 module() {
+    local targets=(modules) jobs=()
+    # nginx itself too when we built it from a tarball
+    [ -n "${NGINX_VERSION:-}" ] && [ "${NGINX_BINARY:-yes}" = yes ] \
+        && targets=(binary modules)
+    # two jobs unless make's jobserver (make -jN) already shares some
+    case " ${MAKEFLAGS:-} " in
+        *jobserver*|*" -j"*) ;;
+        *) jobs=(-j"${BUILD_JOBS:-2}") ;;
+    esac
     if [ "${V:-0}" = 1 ]; then
-        make --no-print-directory -f "$objs/Makefile" -C "$tree" modules
-    elif ! make --no-print-directory -f "$objs/Makefile" -C "$tree" modules \
-            > "$BUILD/make.log" 2>&1; then
+        make --no-print-directory "${jobs[@]}" -f "$objs/Makefile" -C "$tree" \
+            "${targets[@]}"
+    elif ! make --no-print-directory "${jobs[@]}" -f "$objs/Makefile" \
+            -C "$tree" "${targets[@]}" > "$BUILD/make.log" 2>&1; then
         tail -n 40 "$BUILD/make.log" >&2
         die "the module did not build, see build/make.log (V=1 shows it all)"
     fi
@@ -80,16 +124,36 @@ module() {
 
 # The .so loads into the nginx binary we run (same version and signature).
 check_load() {
-    mkdir -p "$BUILD/check"
+    # logs/: nginx -t writes its pid file there when nginx was built
+    # without a --pid-path
+    mkdir -p "$BUILD/check/logs"
     printf 'load_module %s;\nevents {}\n' "$BUILD/$name.so" \
         > "$BUILD/check/nginx.conf"
     "$NGINX_BIN" -q -t -e stderr -p "$BUILD/check/" -c "$BUILD/check/nginx.conf" \
         || die "$NGINX_BIN cannot load build/$name.so"
-    echo "build: build/$name.so loads into $NGINX_BIN"
+    echo "build: ${BUILD#"$ROOT"/}/$name.so loads into $NGINX_BIN"
+}
+
+# nginx's headers first: ngx_config.h defines _GNU_SOURCE and the feature
+# macros, which a system header included before it would come too late for
+# (nginx >= 1.24 then fails in ngx_event_udp.h). Each src/*.c's first
+# #include is ngx_config.h or one of the module's own headers.
+check_includes() {
+    local f first bad=
+    for f in "$ROOT"/src/*.c; do
+        first=$(grep -m1 '^[[:space:]]*#[[:space:]]*include' "$f" || true)
+        case $first in
+            *'<ngx_config.h>'*|*'"ngx_http_idempotency_'*'.h"'*) ;;
+            *) bad="$bad"$'\n'"  src/${f##*/}: ${first:-no #include}" ;;
+        esac
+    done
+    [ -z "$bad" ] || die "system header before nginx's in:$bad"
+    echo "build: every src/*.c includes nginx's or the module's header first"
 }
 
 # The packaged tree is byte-for-byte what dpkg installed, with nothing added.
 check_src() {
+    check_includes
     pkg=$(dpkg-query -S "$NGINX_SRC/configure" 2>/dev/null | cut -d: -f1) \
         || die "$NGINX_SRC is not from a Debian package; nothing to compare with"
     changed=$(dpkg --verify "$pkg" | grep " $NGINX_SRC/" || true)
@@ -106,5 +170,6 @@ case ${1:-} in
     module)     module ;;
     check-load) check_load ;;
     check-src)  check_src ;;
-    *)          die "usage: $0 signature|configure|module|check-load|check-src" ;;
+    check-includes) check_includes ;;
+    *)          die "usage: $0 signature|configure|module|check-load|check-src|check-includes" ;;
 esac

@@ -2,7 +2,10 @@
 # shellcheck shell=sh disable=SC2034
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-BUILD=$ROOT/build
+# build/, or the per-version directory the Makefile chose (BUILD_DIR)
+BUILD=${BUILD_DIR:-$ROOT/build}
+# tarballs of nginx, hiredis and Test::Nginx for the version matrix (CI)
+SHARED_DIR=${SHARED_DIR:-$ROOT/../shared}
 
 die() {
     echo "$(basename "$0"): $*" >&2

@@ -42,6 +42,9 @@ perl -e '
 ' $style || status=1
 echo "lint: style done (80 columns, tabs, trailing space, // comments)"
 
+# nginx's headers before any system header in every src/*.c
+"$ROOT/scripts/build.sh" check-includes || status=1
+
 if command -v cppcheck > /dev/null; then
     cppcheck --quiet --error-exitcode=1 --std=c99 \
         --enable=warning,performance,portability \

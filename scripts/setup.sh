@@ -15,6 +15,10 @@ build="gcc make libc6-dev dpkg-dev nginx nginx-dev libhiredis-dev libssl-dev
        libpcre2-dev zlib1g-dev"
 run="redis-server redis-tools curl"
 test="perl libtest-base-perl libcmocka-dev python3 openssl"
+# what the real Test::Nginx needs besides Test::Base (make test
+# TEST_NGINX_LIB=...: the suite under openresty's runner)
+test="$test libtext-diff-perl libtest-longstring-perl liblist-moreutils-perl
+      liburi-perl libhttp-message-perl"
 valgrind="valgrind"
 # make bench: load generator, the peers it compares with (srcache + memc
 # with memcached, lua-nginx-module with lua-resty-redis), the profilers

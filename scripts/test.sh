@@ -82,6 +82,41 @@ cleanup() {
     "$ROOT/scripts/redis-ctl.sh" stop
 }
 
+# Which Test::Nginx runs the .t files: TEST_NGINX_LIB=DIR (a lib/ holding
+# Test/Nginx/Socket.pm), TEST_NGINX_LIB=shared (the copy in
+# SHARED_DIR/test-nginx/, extracted into build/test-nginx/), else the one
+# Perl finds, else the bundled stand-in t/runner.
+test_nginx_lib() {
+    local dir=${TEST_NGINX_LIB:-} tarball
+    if [ "$dir" = shared ]; then
+        dir=$ROOT/build/test-nginx/lib
+        if [ ! -f "$dir/Test/Nginx/Socket.pm" ]; then
+            tarball=$(ls "$SHARED_DIR"/test-nginx/test-nginx-*.tar.gz 2>/dev/null \
+                      | tail -n 1)
+            [ -n "$tarball" ] || die "no $SHARED_DIR/test-nginx/test-nginx-*.tar.gz"
+            rm -rf "$ROOT/build/test-nginx"
+            mkdir -p "$ROOT/build/test-nginx"
+            tar xzf "$tarball" -C "$ROOT/build/test-nginx" --strip-components=1
+        fi
+    fi
+    if [ -n "$dir" ]; then
+        perl -I"$dir" -MTest::Nginx::Socket -e1 \
+            || die "cannot load Test::Nginx from $dir (scripts/setup.sh test" \
+                   "installs the Perl modules it needs)"
+        inc+=(-I"$dir")
+        echo "test: Test::Nginx from $dir"
+    elif perl -MTest::Nginx::Socket -e1 2> /dev/null; then
+        echo "test: Test::Nginx $(perl -MTest::Nginx::Socket \
+            -e 'print $Test::Nginx::Socket::VERSION // ""') from Perl's @INC"
+    else
+        inc+=(-It/runner)
+        echo "test: the bundled runner t/runner (Test::Nginx is not installed)"
+    fi
+    echo "test: $("$TEST_NGINX_BINARY" -v 2>&1), module $TEST_NGINX_LOAD_MODULES"
+    echo "test: the module loads $(ldd "$TEST_NGINX_LOAD_MODULES" 2>/dev/null \
+        | sed -n 's/^[[:space:]]*\(libhiredis[^ ]*\) => \([^ ]*\).*/\1 (\2)/p')"
+}
+
 prove_tests() {
     local tests inc=(-It/lib)
     # shellcheck disable=SC2206 # TESTS: several names or globs
@@ -111,7 +146,7 @@ prove_tests() {
         export TEST_NGINX_SLEEP=${TEST_NGINX_SLEEP:-0.2}
         : > "$TEST_NGINX_VALGRIND_LOG"
     fi
-    perl -MTest::Nginx::Socket -e1 2> /dev/null || inc+=(-It/runner)
+    test_nginx_lib
 
     # shellcheck disable=SC2086
     prove "${inc[@]}" ${PROVE_FLAGS:-} "${tests[@]}" 9>&-

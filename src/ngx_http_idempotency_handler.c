@@ -3,17 +3,17 @@
  * content handler (MISS), replay (HIT) or answer with a problem.
  */
 
-#include <stdlib.h>
-
-#include <openssl/evp.h>
-#include <openssl/rand.h>
-#include <openssl/sha.h>
-
 #include "ngx_http_idempotency_module.h"
 #include "ngx_http_idempotency_key.h"
 #include "ngx_http_idempotency_record.h"
 #include "ngx_http_idempotency_scope.h"
 #include "ngx_http_idempotency_stats.h"
+
+#include <stdlib.h>
+
+#include <openssl/evp.h>
+#include <openssl/rand.h>
+#include <openssl/sha.h>
 
 
 #define NGX_HTTP_IDEMPOTENCY_WAIT_STEP_MIN  20

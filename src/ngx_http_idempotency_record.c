@@ -3,9 +3,9 @@
  * read back without trusting what Redis returns.
  */
 
-#include <string.h>
-
 #include "ngx_http_idempotency_record.h"
+
+#include <string.h>
 
 
 #define NGX_HTTP_IDEMPOTENCY_RECORD_MAGIC  "idem1 "

@@ -2,9 +2,9 @@
  * Redis Cluster key slots (CRC16 and hash tags) and MOVED/ASK replies.
  */
 
-#include <string.h>
-
 #include "ngx_http_idempotency_slot.h"
+
+#include <string.h>
 
 
 uint16_t

@@ -3,11 +3,11 @@
  * counted with atomics; and the short key hash for the error log.
  */
 
-#include <time.h>
-#include <openssl/sha.h>
-
 #include "ngx_http_idempotency_module.h"
 #include "ngx_http_idempotency_stats.h"
+
+#include <time.h>
+#include <openssl/sha.h>
 
 
 static ngx_int_t ngx_http_idempotency_stats_init_zone(

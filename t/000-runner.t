@@ -372,3 +372,100 @@ no newline
 --- request
 GET /t
 --- error_code: 200
+
+
+
+=== TEST 25: $TEST_NGINX_RAND_PORT_N is put in nginx.conf, never in %ENV
+The real Test::Nginx keeps this block's random ports in
+$Test::Nginx::Util::RandPorts; a test reading $ENV{TEST_NGINX_RAND_PORT_1}
+would pass under t/runner only.
+--- config
+    location = /t {
+        return 200 "t\n";
+    }
+    location = /rand {
+        proxy_pass http://127.0.0.1:$TEST_NGINX_RAND_PORT_7/;
+    }
+--- init
+Test::More::ok(!exists $ENV{TEST_NGINX_RAND_PORT_7},
+               'TEST_NGINX_RAND_PORT_7 is not exported to %ENV');
+Test::More::like($Test::Nginx::Util::RandPorts->{TEST_NGINX_RAND_PORT_7},
+                 qr/^\d+$/, 'the port is in $Test::Nginx::Util::RandPorts');
+--- request
+GET /t
+--- response_body
+t
+
+
+
+=== TEST 26: init and skip_eval run in package Test::Nginx::Util, not main
+So an `our` variable of an init is not $main::x in a later block.
+--- skip_eval: 1: do { $main::SkipEvalPackage = __PACKAGE__; 0 }
+--- config
+    location = /t {
+        return 200 "t\n";
+    }
+--- init
+our $RunnerProbe = 'init';
+Test::More::is(__PACKAGE__, 'Test::Nginx::Util', 'init runs in Test::Nginx::Util');
+Test::More::is($main::SkipEvalPackage, 'Test::Nginx::Util',
+               'skip_eval runs in Test::Nginx::Util');
+Test::More::ok(!defined $main::RunnerProbe, 'our in init is not $main::');
+--- request
+GET /t
+--- response_body
+t
+
+
+
+=== TEST 27: a block skipped by skip_eval starts no nginx but still runs init
+As the real Test::Nginx does: an init that needs what skip_eval tests for
+must check it itself.
+--- skip_eval: 1: 1
+--- init
+$main::SkippedInitRan = 1;
+--- config
+    location = /t {
+        return 418;
+    }
+--- request
+GET /t
+--- error_code: 200
+
+
+
+=== TEST 28: ... the skipped block's init ran
+--- config
+    location = /t {
+        return 200 "t\n";
+    }
+--- init
+Test::More::ok($main::SkippedInitRan, "the skipped block's init ran");
+--- request
+GET /t
+--- response_body
+t
+
+
+
+=== TEST 29: skip_nginx: a version test that holds skips the block
+--- skip_nginx: 1: >= 0.1.0
+--- config
+    location = /t {
+        return 418;
+    }
+--- request
+GET /t
+--- error_code: 200
+
+
+
+=== TEST 30: skip_nginx: a version test that does not hold runs it
+--- skip_nginx: 1: < 0.1.0
+--- config
+    location = /t {
+        return 200;
+    }
+--- request
+GET /t
+--- error_code: 200

@@ -428,6 +428,7 @@ Content-Type: text/plain; version=0.0.4
 --- http_config eval: $::HttpConfig
 --- config eval: $::Config
 --- init
+return if !$ENV{TEST_NGINX_REDIS_CTL};    # skipped (the real Test::Nginx runs init anyway)
 my $S = $main::Slow;
 my %want;
 Test::More::is(main::post('/t', 'o-miss', 'a'), 201, 'MISS');
@@ -481,6 +482,7 @@ GET /status
 === TEST 11: every claimed request's response has exactly one result
 --- skip_eval: 2: !$ENV{TEST_NGINX_REDIS_CTL}
 --- init
+return if !$ENV{TEST_NGINX_REDIS_CTL};    # skipped (the real Test::Nginx runs init anyway)
 my $s = main::status_json();
 Test::More::is($s->{responses}{stored} + $s->{responses}{too_large}
                + $s->{responses}{not_storable}
@@ -515,7 +517,11 @@ my @le = map { $_->[1]{le} } grep { $_->[0] =~ /_bucket$/ } @{ $h->{samples} // 
 Test::More::is_deeply(\@le, [qw(0.0005 0.001 0.0025 0.005 0.01 0.025 0.05 0.1
                                 0.25 0.5 1 +Inf)], 'bucket bounds in seconds');
 my ($count) = map { $_->[2] } grep { $_->[0] =~ /_count$/ } @{ $h->{samples} // [] };
-Test::More::cmp_ok($count, '>', 0, 'round trips were measured');
+if ($ENV{TEST_NGINX_REDIS_CTL}) {
+    Test::More::cmp_ok($count, '>', 0, 'round trips were measured');
+} else {    # TEST 10, whose requests make them, was skipped
+    Test::More::ok(defined $count, 'round trips are counted');
+}
 Test::More::is($count, $json->{redis}{replies}, 'one per reply, as in JSON');
 my $doc = do { local (@ARGV, $/) = 'docs/observability.md'; <> };
 Test::More::is_deeply([ grep { index($doc, "`$_") < 0 } sort keys %$fam ], [],
@@ -554,6 +560,7 @@ GET /status
 --- http_config eval: $::HttpConfig
 --- config eval: $::Config
 --- init
+return if $ENV{TEST_NGINX_USE_VALGRIND};    # skipped (the real Test::Nginx runs init anyway)
 my (%pids, $n);
 for ($n = 1; $n <= 200; $n++) {
     my ($status, $head) = main::http('GET', '/t');
@@ -572,6 +579,7 @@ GET /status
 === TEST 15: the counters go on across a reload
 --- skip_eval: 3: $ENV{TEST_NGINX_USE_VALGRIND}
 --- init
+return if $ENV{TEST_NGINX_USE_VALGRIND};    # skipped (the real Test::Nginx runs init anyway)
 my $before = main::status_json()->{requests}{BYPASS};
 open my $fh, '<', "$ENV{TEST_NGINX_SERVER_ROOT}/logs/nginx.pid" or die $!;
 chomp(my $pid = <$fh>);
@@ -625,6 +633,7 @@ secret-key-17
 --- config eval: $::Config
 --- log_level: info
 --- init
+return if !$ENV{TEST_NGINX_REDIS_CTL};    # skipped (the real Test::Nginx runs init anyway)
 main::redis_ctl('kill');
 select(undef, undef, undef, 0.3 * $main::Slow);
 --- request
@@ -643,6 +652,7 @@ secret-key-18
 === TEST 19: Redis is back for the blocks after
 --- skip_eval: 1: !$ENV{TEST_NGINX_REDIS_CTL}
 --- init
+return if !$ENV{TEST_NGINX_REDIS_CTL};    # skipped (the real Test::Nginx runs init anyway)
 main::redis_ctl('start');
 select(undef, undef, undef, 2.5 * $main::Slow);
 --- request
@@ -659,6 +669,7 @@ Idempotency-Key: back-19
 --- http_config eval: $::FailHttpConfig
 --- config eval: $::FailConfig
 --- init
+return if !$ENV{TEST_NGINX_REDIS_CTL};    # skipped (the real Test::Nginx runs init anyway)
 # a request first: the connection is ready, its handshake is over
 Test::More::is(main::post('/t', 'warm-20'), 201, 'Redis is there');
 # and its store is done: a store queued behind the pause would time out
@@ -685,6 +696,7 @@ qr/\[error\] .*idempotency: Redis timed out, request refused with 503, key_hash=
 --- http_config eval: $::FailHttpConfig
 --- config eval: $::FailConfig
 --- init
+return if !$ENV{TEST_NGINX_REDIS_CTL};    # skipped (the real Test::Nginx runs init anyway)
 # a request first: the scripts were loaded before they are flushed
 Test::More::is(main::post('/t', 'warm-21'), 201, 'Redis is there');
 select(undef, undef, undef, 0.2 * $main::Slow);
@@ -710,6 +722,7 @@ GET /status
 --- http_config eval: $::FailHttpConfig
 --- config eval: $::FailConfig
 --- init
+return if !$ENV{TEST_NGINX_REDIS_CTL};    # skipped (the real Test::Nginx runs init anyway)
 use Digest::SHA ();
 main::first_request('/fence', 'fence-22');
 main::redis_cli('DEL', $ENV{TEST_NGINX_PREFIX} . Digest::SHA::sha256_hex('test:')
@@ -734,6 +747,7 @@ GET /status
 --- http_config eval: $::FailHttpConfig
 --- config eval: $::FailConfig
 --- init
+return if !$ENV{TEST_NGINX_REDIS_CTL};    # skipped (the real Test::Nginx runs init anyway)
 main::first_request('/park', 'park-23');
 main::redis_ctl('kill');
 select(undef, undef, undef, 4 * $main::Slow);

@@ -99,7 +99,15 @@ like(join(' ', args_of('build', 'RUN')), qr/\bmake build\b/,
 # -- COPY sources: in the repository, or the build stage's make build
 my ($workdir) = args_of('build', 'WORKDIR');
 my ($made) = slurp('Makefile') =~ /^MODULE\s*:=\s*(\S+)/m;
-ok(-f $made, "the Makefile's MODULE ($made) is built");
+# $(B): build/ unless NGINX_VERSION or HIREDIS pick another build directory
+my ($b) = slurp('Makefile') =~ /^B\s*:=\s*(\S+)/m;
+is($b, 'build', "the Makefile's default build directory is build/");
+$made =~ s/\$\(B\)/$b/;
+SKIP: {
+    skip 'a run against another nginx or hiredis: build/ may not be built', 1
+        if $ENV{NGINX_VERSION} || $ENV{HIREDIS};
+    ok(-f $made, "the Makefile's MODULE ($made) is built");
+}
 my %dest;    # repository path or build-tree path -> where it lands
 for my $i (grep { $_->[1] eq 'COPY' } @ins) {
     my @w = split ' ', $i->[2];
@@ -171,5 +179,86 @@ for my $redis ('127.0.0.1:6379', 'unix:/run/redis/redis.sock') {
     like(slurp("$tmp/idempotency.conf"), qr/idempotency_redis \Q$redis\E;/,
          '  and points the module at that Redis');
 }
+
+# -- Dockerfile.official: the official nginx image of NGINX_VERSION with
+# the module built against that version's source (--with-compat)
+my (@off, %arg);
+my $ostage = 'args';    # ARGs before the first FROM
+my $otext = slurp('Dockerfile.official');
+$otext =~ s/\\\n\s*/ /g;
+for (split /\n/, $otext) {
+    next if /^\s*(#|$)/;
+    my ($kw, $args) = /^\s*(\w+)\s+(.*?)\s*$/ or next;
+    $kw = uc $kw;
+    $arg{$1} = $2 if $kw eq 'ARG' && $args =~ /^(\w+)=(\S+)/;
+    if ($kw eq 'FROM') {
+        ($ostage) = $args =~ /\bAS\s+(\S+)/i;
+        $ostage //= 'final';
+        is($args =~ s/\s+AS\s+\S+$//ir, 'nginx:${NGINX_VERSION}',
+           "Dockerfile.official: $ostage stage FROM the official nginx image");
+    }
+    push @off, [$ostage, $kw, $args];
+}
+sub off_args {
+    my ($st, $kw) = @_;
+    return map { $_->[2] } grep { $_->[0] eq $st && $_->[1] eq $kw } @off;
+}
+like($arg{NGINX_VERSION} // '', qr/^1\.(2[2-9]|3[01])\.\d+$/,
+     "Dockerfile.official: the default NGINX_VERSION ($arg{NGINX_VERSION}) is a supported one");
+like(slurp('README.md'), qr/\Q$arg{NGINX_VERSION}\E/,
+     '  which README.md names');
+my $orun = join ' ; ', off_args('build', 'RUN');
+like($orun, qr{nginx-\$\{NGINX_VERSION\}\.tar\.gz},
+     'Dockerfile.official: the build stage fetches that version\'s source');
+like($orun, qr{\./configure --with-compat --add-dynamic-module=(\S+)},
+     '  configures it --with-compat with the module');
+my ($modsrc) = $orun =~ /--add-dynamic-module=(\S+)/;
+like($orun, qr/\bmake modules\b/, '  and runs make modules');
+for my $i (grep { $_->[1] eq 'RUN' } @off) {
+    for my $list ($i->[2] =~ /apt-get\s+install\s+([^&;|]+)/g) {
+        # "$(cat /tmp/hiredis.pkg)": the libhiredis-dev's runtime package
+        for my $p (grep { !/^-/ && !/[\$"()]/ } split ' ', $list) {
+            ok($setup_pkgs{$p} || known_to_apt($p),
+               "Dockerfile.official: apt-get install $p: a known package");
+        }
+    }
+}
+my %odest;
+for my $i (grep { $_->[1] eq 'COPY' } @off) {
+    my @w = split ' ', $i->[2];
+    my ($from) = map { /^--from=(\S+)/ ? $1 : () } @w;
+    @w = grep { !/^--/ } @w;
+    my $to = pop @w;
+    for my $src (@w) {
+        if ($from) {
+            $odest{$src =~ s{.*/}{}r} = $to;
+            next;
+        }
+        ok(-e $src, "Dockerfile.official: COPY $src: in the repository");
+        # the module's sources land where configure looks for them
+        like($to, qr{^\Q$modsrc\E/}, "  $src into the module's directory")
+            if $i->[0] eq 'build';
+        my $landing = $to =~ m{/$} ? $to . ($src =~ s{.*/}{}r) : $to;
+        is($landing, $dest{$src}, "  $src lands where Dockerfile puts it")
+            if $i->[0] eq 'final';
+    }
+}
+my ($oworkdir) = off_args('build', 'WORKDIR');
+my ($omod) = grep { m{/objs/ngx_http_idempotency_module\.so\s} }
+    off_args('final', 'COPY');
+like($omod // '', qr{^--from=build /usr/src/nginx/objs/},
+     'Dockerfile.official: the module is copied from the configured tree\'s objs/');
+like($orun, qr{mv "nginx-\$\{NGINX_VERSION\}" nginx},
+     '  which is the extracted source, renamed to nginx/');
+is($odest{'ngx_http_idempotency_module.so'} . 'ngx_http_idempotency_module.so',
+   $default{MODULE_PATH},
+   'Dockerfile.official: the module lands where the entrypoint loads it');
+my @ocmd = exec_form((off_args('final', 'CMD'))[0] // '');
+my %oopt = @ocmd[1 .. $#ocmd];
+is($oopt{'-c'}, $default{IDEMPOTENCY_CONF},
+   'Dockerfile.official: CMD runs the configuration the entrypoint renders');
+is((exec_form((off_args('final', 'ENTRYPOINT'))[0] // ''))[0],
+   $dest{'scripts/docker-entrypoint.sh'},
+   'Dockerfile.official: the same entrypoint as Dockerfile');
 
 done_testing();

@@ -209,9 +209,9 @@ Idempotent-Replayed: true
 === TEST 3: the slot of a record key is the one CLUSTER KEYSLOT gives, hash tags included
 --- init
 main::new_log();
-our @Tagged = ('tag-{a}', '{x}y', 'a{}b', '{}', '{{z}}', 'q{w}{e}', '}{r}',
+@main::Tagged = ('tag-{a}', '{x}y', 'a{}b', '{}', '{{z}}', 'q{w}{e}', '}{r}',
                'plain', 'n{', 'u:9f2e:{user-17}:charge');
-main::post($_) for @Tagged;
+main::post($_) for @main::Tagged;
 --- request
 POST /t
 x
@@ -255,17 +255,17 @@ Idempotent-Replayed: true
 
 === TEST 5: MOVED: a recorded key's slot moves to another master, its replay follows
 --- init
-our $MvSlot = main::keyslot('mv');
-our $MvFrom = $main::C->owner($MvSlot);
-our $MvTo = ($MvFrom + 1) % 3;
+$main::MvSlot = main::keyslot('mv');
+$main::MvFrom = $main::C->owner($main::MvSlot);
+$main::MvTo = ($main::MvFrom + 1) % 3;
 my ($st) = main::post('mv-{mv}-1');
 Test::More::is($st, 201, "recorded before the move");
 main::new_log();
-$main::C->migrate_start($MvSlot, $MvFrom, $MvTo);
-Test::More::is($main::C->migrate_keys($MvSlot, $MvFrom, $MvTo), 1,
+$main::C->migrate_start($main::MvSlot, $main::MvFrom, $main::MvTo);
+Test::More::is($main::C->migrate_keys($main::MvSlot, $main::MvFrom, $main::MvTo), 1,
                "the record migrated");
-$main::C->migrate_finish($MvSlot, $MvTo);
-Test::More::is($main::C->owner($MvSlot, $MvTo), $MvTo, "slot $MvSlot moved");
+$main::C->migrate_finish($main::MvSlot, $main::MvTo);
+Test::More::is($main::C->owner($main::MvSlot, $main::MvTo), $main::MvTo, "slot $main::MvSlot moved");
 --- request
 POST /t
 x
@@ -316,6 +316,7 @@ Idempotent-Replayed: true
 === TEST 7a: nginx reloaded: the new workers learn the map again, the old ones close every node connection
 --- skip_eval: 4: $ENV{TEST_NGINX_USE_VALGRIND}
 --- init
+return if $ENV{TEST_NGINX_USE_VALGRIND};    # skipped (the real Test::Nginx runs init anyway)
 my $pidfile = "$ENV{TEST_NGINX_SERVER_ROOT}/logs/nginx.pid";
 open my $fh, '<', $pidfile or die "no $pidfile: $!";
 my $pid = <$fh>;
@@ -341,15 +342,15 @@ open socket
 
 === TEST 8: ASK: a slot half-way through a migration; a new key is claimed on the importing master
 --- init
-our $AkSlot = main::keyslot('ak');
-our $AkFrom = $main::C->owner($AkSlot);
-our $AkTo = ($AkFrom + 1) % 3;
+$main::AkSlot = main::keyslot('ak');
+$main::AkFrom = $main::C->owner($main::AkSlot);
+$main::AkTo = ($main::AkFrom + 1) % 3;
 my ($st) = main::post('ak-{ak}-old');
 Test::More::is($st, 201, "recorded before the migration");
-$main::C->migrate_start($AkSlot, $AkFrom, $AkTo);
+$main::C->migrate_start($main::AkSlot, $main::AkFrom, $main::AkTo);
 # the importing master forgot the scripts: EVALSHA, NOSCRIPT, EVAL, each
 # behind its own ASKING
-Test::More::is($main::C->cli($AkTo, 'SCRIPT', 'FLUSH'), 'OK', "scripts flushed");
+Test::More::is($main::C->cli($main::AkTo, 'SCRIPT', 'FLUSH'), 'OK', "scripts flushed");
 main::new_log();
 --- request
 POST /t
@@ -487,22 +488,22 @@ Idempotent-Replayed: true
 === TEST 13: failover: a master with a replica is killed while a request is upstream; meanwhile its slots answer 503
 --- init
 # {fo3} is in slot 13551, created on master 2 and moved by no block above
-our $FoSlot = main::keyslot('fo3');
-Test::More::is($main::C->owner($FoSlot), 2, "slot $FoSlot is on master 2");
-our $FoReplica = $main::C->add_replica(2);
-our $FoGo = "$main::C->{dir}/slow-go";
-our $FoPid = main::slow_upstream($FoGo);
+$main::FoSlot = main::keyslot('fo3');
+Test::More::is($main::C->owner($main::FoSlot), 2, "slot $main::FoSlot is on master 2");
+$main::FoReplica = $main::C->add_replica(2);
+$main::FoGo = "$main::C->{dir}/slow-go";
+$main::FoPid = main::slow_upstream($main::FoGo);
 main::first_request('/slow', 'fo-{fo3}-1', undef, 0.5);
 my $rkey = main::record_key('fo-{fo3}-1');
 my $state = '';
 for (1 .. 50) {
-    last if ($state = main::rec_state($main::C->cli_replica($FoReplica, 'GET',
+    last if ($state = main::rec_state($main::C->cli_replica($main::FoReplica, 'GET',
                                                         $rkey))) eq 'inflight';
     Time::HiRes::sleep(0.1);
 }
 Test::More::is($state, 'inflight', "the claim reached the replica");
 $main::C->kill_node(2);
-our $FoKilled = Time::HiRes::time();
+$main::FoKilled = Time::HiRes::time();
 Time::HiRes::sleep(0.3);
 --- request
 POST /t
@@ -577,10 +578,10 @@ Idempotency-Key: fo-{fo3}-3
 $::HttpConfig =~ s/ cluster/ cluster user=idem password=s3cret/r
 --- config eval: $::Config
 --- init
-our $AcSlot = main::keyslot('ac');
-our $AcFrom = $main::C->owner($AcSlot);
-our ($AcTo) = grep { $_ != $AcFrom } 0, 1, $main::FoReplica;
-$main::C->migrate_start($AcSlot, $AcFrom, $AcTo);
+$main::AcSlot = main::keyslot('ac');
+$main::AcFrom = $main::C->owner($main::AcSlot);
+($main::AcTo) = grep { $_ != $main::AcFrom } 0, 1, $main::FoReplica;
+$main::C->migrate_start($main::AcSlot, $main::AcFrom, $main::AcTo);
 --- request
 POST /t
 x
@@ -623,6 +624,7 @@ qq{
 }
 --- config eval: $::Config
 --- init
+return if !$ENV{TEST_NGINX_REDIS_CTL};    # skipped (the real Test::Nginx runs init anyway)
 Time::HiRes::sleep(0.5 * $main::Slow);
 --- request
 POST /t
@@ -638,6 +640,7 @@ refused CLUSTER SLOTS: ERR This instance has cluster support disabled
 === TEST 19: ... and no record in that Redis (a GET is not protected: it passes)
 --- skip_eval: 2: !$ENV{TEST_NGINX_REDIS_CTL}
 --- init
+return if !$ENV{TEST_NGINX_REDIS_CTL};    # skipped (the real Test::Nginx runs init anyway)
 Test::More::is(main::redis_cli('--scan', '--pattern',
                                "$ENV{TEST_NGINX_PREFIX}standalone:*"), '',
                "nothing written to the standalone Redis");

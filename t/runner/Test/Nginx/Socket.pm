@@ -29,6 +29,7 @@ our @EXPORT = qw(
     check_accum_error_log no_long_string workers
 );
 
+our %RandPorts;              # $TEST_NGINX_RAND_PORT_N of the current block
 our $RepeatEach        = 1;
 our $NoShuffle         = $ENV{TEST_NGINX_NO_SHUFFLE} || 0;
 our $LogLevel          = $ENV{TEST_NGINX_LOG_LEVEL} || 'debug';
@@ -50,7 +51,8 @@ our $NoRootLocation   = 0;
 our $CheckAccumErrLog = 0;
 
 my (@EnvToNginx, @Preprocessors);
-my ($NginxBinary, $NginxV, $NginxVersion, $PrevConf);
+my ($NginxBinary, $NginxV, $PrevConf);
+our $NginxVersion;                  # 1.025001 for nginx 1.25.1, as the tool's
 my ($NginxPid, $ChildPid);          # ChildPid: valgrind mode, our own child
 my ($ErrLogPos, $AccLogPos) = (0, 0);
 
@@ -58,7 +60,7 @@ my ($ErrLogPos, $AccLogPos) = (0, 0);
 # rather than let a test pass here and mean something else there.
 my @Unsupported = qw(
     tcp_listen tcp_reply udp_listen udp_reply stap stap_out stap_out_like
-    stap_out_unlike shutdown_error_log no_shutdown_error_log skip_nginx
+    stap_out_unlike shutdown_error_log no_shutdown_error_log
     skip_nginx2 skip_openssl skip_slave todo todo_nginx response_body_filters
     response_body_json_sort charset http09 curl server_addr_for_client
     http2 http3 server_name post_setup_server_root error_log_file
@@ -110,9 +112,16 @@ sub run_block {
                  . "(install the real Test::Nginx)")
             if defined $block->{$s};
     }
-    return if skip_block($block);
+    # As in the real tool: a skipped block starts no nginx but its --- init
+    # still runs (so init must not need what skip_eval tests for).
+    if (skip_block($block)) {
+        run_init($block);
+        return;
+    }
 
-    # each distinct $TEST_NGINX_RAND_PORT_N is one free port for this block
+    # each distinct $TEST_NGINX_RAND_PORT_N is one free port for this block;
+    # only the generated files see them (never %ENV), as in the real tool,
+    # which keeps them in $Test::Nginx::Util::RandPorts
     my %rand;
     for my $k (grep { !/^_/ && ref $block->{$_} eq 'ARRAY' } keys %$block) {
         for my $v (map { ref eq 'ARRAY' ? @$_ : $_ } @{ $block->{$k} }) {
@@ -122,7 +131,8 @@ sub run_block {
             }
         }
     }
-    local @ENV{keys %rand} = values %rand;
+    %RandPorts = %rand;
+    $Test::Nginx::Util::RandPorts = \%RandPorts;
 
     if (defined $block->config) {
         return run_must_die($block) if defined $block->must_die;
@@ -132,10 +142,7 @@ sub run_block {
                  . " is running from a previous block");
     }
 
-    if (defined $block->init) {
-        eval 'package main; ' . $block->init . "\n;1" or
-            bail_out("$name - init failed: $@");
-    }
+    run_init($block);
 
     ($ErrLogPos, $AccLogPos) = (0, 0);
     run_requests($block, $_) for 0 .. $RepeatEach - 1;
@@ -148,19 +155,49 @@ sub run_block {
     }
 }
 
+# --- init and --- skip_eval code runs where the real tool runs it: in
+# package Test::Nginx::Util (not main), so an `our` variable it declares is
+# $Test::Nginx::Util::x there; the runner's functions are visible in it.
+sub eval_in_util {
+    my ($code) = @_;
+    ## no critic (ProhibitStringyEval)
+    return eval "package Test::Nginx::Util;\n$code";
+}
+
+sub run_init {
+    my ($block) = @_;
+    return unless defined $block->init;
+    # as there, only $@ counts: init may `return` (from the eval) early
+    eval_in_util($block->init);
+    bail_out($block->name . " - init failed: $@") if $@;
+}
+
 # --- skip_eval: N: <perl expr>   (the real tool's syntax)
+# --- skip_nginx: N: <|<=|>|>= 1.25.0[: reason]   (nginx's version)
 sub skip_block {
     my ($block) = @_;
-    my $spec = $block->skip_eval;
-    return 0 unless defined $spec;
     my $name = $block->name;
-    $spec =~ /^\s*(\d+)\s*:\s*(.*?)\s*$/s
-        or bail_out("$name - Invalid --- skip_eval spec: $spec");
-    my ($n, $code) = ($1, $2);
-    my $skip = eval "package main; $code";
-    bail_out("$name - skip_eval failed: $@") if $@;
+    my ($n, $skip, $why);
+    if (defined(my $spec = $block->skip_eval)) {
+        $spec =~ /^\s*(\d+)\s*:\s*(.*?)\s*$/s
+            or bail_out("$name - Invalid --- skip_eval spec: $spec");
+        ($n, $why) = ($1, 'skip_eval');
+        my $code = $2;
+        $skip = eval_in_util($code);
+        bail_out("$name - skip_eval failed: $@") if $@;
+    }
+    if (defined(my $spec = $block->skip_nginx)) {
+        $spec =~ /^\s*(\d+)\s*:\s*([<>]=?)\s*(\d+)\.(\d+)\.(\d+)
+                  (?:\s*:\s*(.*?))?\s*$/sx
+            or bail_out("$name - Invalid --- skip_nginx spec: $spec");
+        $n = $1;
+        my ($op, $ver) = ($2, sprintf '%d.%03d%03d', $3, $4, $5);
+        $why = $6 || "nginx version $op $3.$4.$5";
+        ## no critic (ProhibitStringyEval)
+        $skip = 1 if eval "$NginxVersion $op $ver";
+    }
     return 0 unless $skip;
-    SKIP: { Test::More::skip("$name - skip_eval", $n) }
+    SKIP: { Test::More::skip("$name - $why", $n) }
     return 1;
 }
 
@@ -219,7 +256,8 @@ sub expand_env {
     my ($s) = @_;
     return $s if !defined $s || ref $s;
     $s =~ s{\$(TEST_NGINX_[_A-Z0-9]+)}{
-        defined $ENV{$1} ? $ENV{$1}
+        defined $RandPorts{$1} ? $RandPorts{$1}
+      : defined $ENV{$1} ? $ENV{$1}
                          : bail_out("No environment $1 defined.\n")
     }ge;
     return $s;
@@ -969,6 +1007,14 @@ sub free_port {
     bail_out('no free port found');
 }
 
+# The real tool evaluates --- init and --- skip_eval in Test::Nginx::Util,
+# where its helpers and $NginxVersion live: the same names there.
+{
+    no strict 'refs';       ## no critic (ProhibitNoStrict)
+    *{"Test::Nginx::Util::$_"} = \&{"Test::Nginx::Socket::$_"} for @EXPORT;
+    *Test::Nginx::Util::NginxVersion = \$NginxVersion;
+}
+
 1;
 
 __END__
@@ -1006,7 +1052,7 @@ response_body_unlike, response_headers, response_headers_like,
 raw_response_headers_like, raw_response_headers_unlike, error_log,
 no_error_log, grep_error_log, grep_error_log_out, access_log, no_access_log,
 timeout, abort, shutdown, wait, init, must_die, ignore_response, log_level,
-user_files, skip_eval, and Test::Base's ONLY, SKIP, LAST and filters.
+user_files, skip_eval, skip_nginx, and Test::Base's ONLY, SKIP, LAST and filters.
 
 Exports: run_tests no_shuffle repeat_each log_level master_on master_off
 no_root_location server_root html_dir server_port worker_connections
@@ -1016,13 +1062,16 @@ check_accum_error_log no_long_string, plus Test::Base's (plan blocks is ok like 
 Like the real tool, it checks the logs after every response of a block (each
 check sees only the lines not yet seen; the first one of a block starts at
 the top of error.log, startup lines included), and with several requests
-every expectation section must be an array.
+every expectation section must be an array.  As there, C<--- init> and
+C<--- skip_eval> code runs in package Test::Nginx::Util (not main), a skipped
+block's init still runs, and C<$TEST_NGINX_RAND_PORT_N> are expanded in the
+generated files only (C<$Test::Nginx::Util::RandPorts>), never put in C<%ENV>.
 
 Differences from the real tool: nginx listens on 127.0.0.1 only; readiness is
 seen in /proc/net/tcp rather than by retrying connections; nginx's stderr is
 kept in logs/stderr.log (and echoed); no_error_log fails once per pattern, not
-once per matching line; a timeout does not suppress the plan; init and
-skip_eval code runs in package main; a request given as packets keeps every
+once per matching line; a timeout does not suppress the plan; a request
+given as packets keeps every
 packet but the first at its length, counted from the end;
 TEST_NGINX_WORKER_CONNECTIONS and TEST_NGINX_VALGRIND_LOG are ours.  HUP mode,
 leak checks, benchmarks, systemtap, HTTP/2 and mock TCP/UDP servers are not

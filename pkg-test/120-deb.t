@@ -15,7 +15,7 @@ use File::Temp qw(tempdir);
 use Cwd qw(abs_path);
 use File::Basename qw(dirname);
 
-my $root = abs_path(dirname(__FILE__) . '/../..');
+my $root = abs_path(dirname(__FILE__) . '/..');
 my $pkg  = 'libnginx-mod-http-idempotency';
 my $so   = '/usr/lib/nginx/modules/ngx_http_idempotency_module.so';
 my $conf = '/usr/share/nginx/modules-available/mod-http-idempotency.conf';
