@@ -160,8 +160,6 @@ const char *ngx_http_idempotency_outcome_reason(
     ngx_http_idempotency_outcome_e outcome);
 char *ngx_http_idempotency_status(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
-void ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx);
-void ngx_http_idempotency_renew_start(ngx_http_idempotency_ctx_t *ctx);
 
 ngx_int_t ngx_http_idempotency_send_problem(ngx_http_request_t *r,
     ngx_http_idempotency_outcome_e outcome);

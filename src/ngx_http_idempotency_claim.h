@@ -1,0 +1,35 @@
+/*
+ * The claim's life cycle: claim, renew, settle (store, release or hold).
+ */
+
+#ifndef _NGX_HTTP_IDEMPOTENCY_CLAIM_H_INCLUDED_
+#define _NGX_HTTP_IDEMPOTENCY_CLAIM_H_INCLUDED_
+
+
+#include "ngx_http_idempotency_module.h"
+
+
+/* duplicates of this worker waiting for a timer now (idempotency_wait) */
+extern ngx_uint_t  ngx_http_idempotency_waiters;
+
+
+/* a new context, found again by get_ctx() after internal redirects */
+ngx_http_idempotency_ctx_t *ngx_http_idempotency_ctx_create(
+    ngx_http_request_t *r, ngx_http_idempotency_loc_conf_t *ilcf);
+
+/*
+ * Sends the claim (SET NX GET PX); the reply puts the context in
+ * STATE_DECIDED and runs the request's phases again.
+ */
+void ngx_http_idempotency_claim_send(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+
+/* the claim is ours: the request runs, and its claim is renewed */
+void ngx_http_idempotency_claim_won(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+
+/* ends the claim once: store, release or hold, from what ctx says */
+void ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx);
+
+
+#endif /* _NGX_HTTP_IDEMPOTENCY_CLAIM_H_INCLUDED_ */
