@@ -36,6 +36,21 @@ static void ngx_http_idempotency_renew_start(ngx_http_idempotency_ctx_t *ctx);
 static void ngx_http_idempotency_renew_handler(ngx_event_t *ev);
 static void ngx_http_idempotency_renew_done(void *data, redisReply *reply,
     ngx_uint_t rc);
+static void ngx_http_idempotency_abandon(ngx_http_idempotency_ctx_t *ctx);
+static ngx_int_t ngx_http_idempotency_content_handler(ngx_http_request_t *r);
+static void ngx_http_idempotency_finish_upstream(ngx_http_request_t *r,
+    ngx_http_event_handler_pt read, ngx_http_event_handler_pt write);
+static ngx_uint_t ngx_http_idempotency_upstream_reached(
+    ngx_http_request_t *r);
+static ngx_uint_t ngx_http_idempotency_upstream_failed(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+static void ngx_http_idempotency_wake(ngx_http_idempotency_ctx_t *ctx);
+static void ngx_http_idempotency_held_handler(ngx_event_t *ev);
+static void ngx_http_idempotency_settled(ngx_str_t *key);
+
+
+/* requests whose last buffer waits for their store or release reply */
+static ngx_queue_t  ngx_http_idempotency_waiting;
 
 
 ngx_http_idempotency_ctx_t *
@@ -174,13 +189,55 @@ ngx_http_idempotency_claim_handler(void *data, redisReply *reply,
     ctx->redis_rc = rc;
     ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_DECIDED;
 
-    if (rc == NGX_HTTP_IDEMPOTENCY_REDIS_OK
-        && ngx_http_idempotency_claim_reply(r, ctx, reply) != NGX_OK)
-    {
+    if (rc != NGX_HTTP_IDEMPOTENCY_REDIS_OK) {
+
+        /*
+         * The SET may have been applied although its reply did not come
+         * (timeout, connection lost): nothing runs under this claim, so it
+         * is released rather than left to lock the key until the lock TTL.
+         */
+
+        ngx_http_idempotency_abandon(ctx);
+
+    } else if (ngx_http_idempotency_claim_reply(r, ctx, reply) != NGX_OK) {
         ctx->redis_rc = NGX_HTTP_IDEMPOTENCY_REDIS_ERROR;
     }
 
     ngx_http_idempotency_resume(r);
+}
+
+
+/*
+ * Releases a claim that may exist in Redis while nothing runs under it:
+ * a claim whose reply was lost, or a request that ended before its content
+ * ran.  The fence (our in-flight record, owner token included) makes it a
+ * no-op when the SET was not applied.
+ */
+
+static void
+ngx_http_idempotency_abandon(ngx_http_idempotency_ctx_t *ctx)
+{
+    ngx_http_request_t  *r;
+
+    r = ctx->request;
+
+    ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "idempotency abandon \"%V\"", &ctx->rkey);
+
+    if (ngx_http_idempotency_redis_script_retry(ctx->conf->redis,
+                                   NGX_HTTP_IDEMPOTENCY_SCRIPT_RELEASE,
+                                   &ctx->rkey, &ctx->inflight, 1,
+                                   ctx->claimed + ctx->conf->lock_ttl,
+                                   ngx_http_idempotency_settle_handler,
+                                   NULL, r->connection->log)
+        == NULL)
+    {
+        ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
+                      "idempotency: cannot release the unanswered claim of "
+                      "key_hash=%s, a retry gets 409 until "
+                      "idempotency_lock_ttl ends",
+                      ngx_http_idempotency_key_hash(&ctx->rkey));
+    }
 }
 
 
@@ -340,7 +397,236 @@ ngx_http_idempotency_claim_won(ngx_http_request_t *r,
 {
     ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED;
     ctx->outcome = NGX_HTTP_IDEMPOTENCY_MISS;
+
+    /* an error_page before the claim is the road here, not a failure */
+    ctx->error_page = r->error_page;
+
+    if (r->content_handler
+        && r->content_handler != ngx_http_idempotency_content_handler)
+    {
+        ctx->content_handler = r->content_handler;
+        r->content_handler = ngx_http_idempotency_content_handler;
+    }
+
     ngx_http_idempotency_renew_start(ctx);
+}
+
+
+/*
+ * The location's content handler (proxy_pass, fastcgi_pass, ...), run so
+ * that a client that goes away does not end the upstream exchange of a
+ * claimed request: the operation then completes and is recorded, and the
+ * client's retry gets it.  nginx stops an upstream on a broken client
+ * connection only through the event handlers ngx_http_upstream_init()
+ * installs unless ignore_client_abort is set, and again after the request
+ * body went out; so the request gets its own copy of the upstream
+ * configuration with ignore_client_abort on (nothing else differs, and
+ * nginx never compares the pointer), and the handlers are put back.
+ * Failed writes to the client are absorbed by the filters (client_gone).
+ */
+
+static ngx_int_t
+ngx_http_idempotency_content_handler(ngx_http_request_t *r)
+{
+    ngx_int_t                    rc;
+    ngx_http_event_handler_pt    read, write;
+    ngx_http_idempotency_ctx_t  *ctx;
+
+    ctx = ngx_http_idempotency_get_ctx(r);
+
+    if (ctx == NULL || ctx->content_handler == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    if (ctx->state == NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED
+        && r->connection->error)
+    {
+        /* gone before anything ran: released by the cleanup */
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "idempotency: client of key_hash=%s went away before "
+                      "the request ran, the claim is released",
+                      ngx_http_idempotency_key_hash(&ctx->rkey));
+        ctx->release = 1;
+        ngx_http_idempotency_stat_inc(NGX_HTTP_IDEMPOTENCY_STAT_NOT_RUN);
+        return NGX_HTTP_CLIENT_CLOSED_REQUEST;
+    }
+
+    read = r->read_event_handler;
+    write = r->write_event_handler;
+
+    rc = ctx->content_handler(r);
+
+    if (ctx->state == NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED) {
+        ngx_http_idempotency_finish_upstream(r, read, write);
+    }
+
+    return rc;
+}
+
+
+static void
+ngx_http_idempotency_finish_upstream(ngx_http_request_t *r,
+    ngx_http_event_handler_pt read, ngx_http_event_handler_pt write)
+{
+    ngx_http_upstream_t       *u;
+    ngx_http_upstream_conf_t  *conf;
+
+    u = r->upstream;
+
+    /* u->cleanup: the upstream was set up and is not finalized yet */
+
+    if (u == NULL || u->cleanup == NULL || u->conf->ignore_client_abort) {
+        return;
+    }
+
+    conf = ngx_palloc(r->pool, sizeof(ngx_http_upstream_conf_t));
+    if (conf == NULL) {
+        return;
+    }
+
+    ngx_memcpy(conf, u->conf, sizeof(ngx_http_upstream_conf_t));
+    conf->ignore_client_abort = 1;
+    u->conf = conf;
+
+    if (!u->store && !r->post_action) {
+        r->read_event_handler = read;
+        r->write_event_handler = write;
+    }
+}
+
+
+/*
+ * At the response header: a response nginx made after the upstream was
+ * sent the request and then failed (reset, timeout, invalid header: 502
+ * or 504) leaves the outcome unknown; other responses follow the status
+ * policy, and an error_page after the claim releases.
+ */
+
+void
+ngx_http_idempotency_claim_judge(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx)
+{
+    ngx_uint_t  redirected;
+
+    if (ngx_http_idempotency_upstream_failed(r, ctx)) {
+        ngx_http_idempotency_stat_inc(
+                              NGX_HTTP_IDEMPOTENCY_STAT_UPSTREAM_ERROR);
+
+        if (ctx->conf->on_upstream_error
+            == NGX_HTTP_IDEMPOTENCY_UPSTREAM_ERROR_RELEASE)
+        {
+            ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                          "idempotency: the upstream failed after it got "
+                          "the request of key_hash=%s, the claim is "
+                          "released (idempotency_on_upstream_error release)",
+                          ngx_http_idempotency_key_hash(&ctx->rkey));
+            ctx->release = 1;
+            return;
+        }
+
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "idempotency: the upstream failed after it got the "
+                      "request of key_hash=%s, the outcome is unknown and "
+                      "held for idempotency_ttl",
+                      ngx_http_idempotency_key_hash(&ctx->rkey));
+        ctx->hold = 1;
+        return;
+    }
+
+    redirected = (r->error_page && !ctx->error_page);
+
+    if (redirected
+        || !ngx_http_idempotency_status_storable(ctx->conf, ctx->status))
+    {
+        ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                       "idempotency: status %ui%s is not stored",
+                       ctx->status, redirected ? " (error_page)" : "");
+
+        ctx->release = 1;
+        ngx_http_idempotency_stat_inc(redirected
+                                      ? NGX_HTTP_IDEMPOTENCY_STAT_ERROR_PAGE
+                                      : NGX_HTTP_IDEMPOTENCY_STAT_NOT_STORABLE);
+    }
+}
+
+
+/* some upstream of this request was sent (part of) the request */
+
+static ngx_uint_t
+ngx_http_idempotency_upstream_reached(ngx_http_request_t *r)
+{
+    ngx_uint_t                  i;
+    ngx_http_upstream_state_t  *state;
+
+    if (r->upstream && r->upstream->request_sent) {
+        return 1;
+    }
+
+    if (r->upstream_states == NULL) {
+        return 0;
+    }
+
+    state = r->upstream_states->elts;
+
+    for (i = 0; i < r->upstream_states->nelts; i++) {
+        if (state[i].bytes_sent) {
+            return 1;
+        }
+    }
+
+    return 0;
+}
+
+
+/*
+ * A 502 or 504 that nginx made (r->err_status, or an error_page after the
+ * claim) for an upstream that was sent the request: its state says 502 or
+ * 504, and the upstream's own status line, if any, says something else.
+ */
+
+static ngx_uint_t
+ngx_http_idempotency_upstream_failed(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx)
+{
+    ngx_uint_t                  i, n;
+    ngx_http_upstream_state_t  *state;
+
+    if (r->err_status == 0 && !(r->error_page && !ctx->error_page)) {
+        return 0;
+    }
+
+    if (r->upstream_states == NULL) {
+        return 0;
+    }
+
+    state = r->upstream_states->elts;
+    n = r->upstream_states->nelts;
+
+    for (i = 0; i < n; i++) {
+
+        if (state[i].status != NGX_HTTP_BAD_GATEWAY
+            && state[i].status != NGX_HTTP_GATEWAY_TIME_OUT)
+        {
+            continue;
+        }
+
+        if (state[i].bytes_sent == 0
+            && !(i == n - 1 && r->upstream && r->upstream->request_sent))
+        {
+            continue;
+        }
+
+        if (i == n - 1 && r->upstream
+            && r->upstream->headers_in.status_n == state[i].status)
+        {
+            /* the upstream's own 502/504, e.g. proxy_intercept_errors */
+            continue;
+        }
+
+        return 1;
+    }
+
+    return 0;
 }
 
 
@@ -441,10 +727,17 @@ ngx_http_idempotency_renew_done(void *data, redisReply *reply, ngx_uint_t rc)
 
 /*
  * Called when the response has gone through, and from the request's
- * cleanup; it acts once.  A response that is not stored releases the claim
- * so that a retry runs; one that ended before it was complete (client gone,
- * upstream cut off) keeps the claim until the lock TTL, because the
- * operation may have run.
+ * cleanup; it acts once, and every claim ends in exactly one of:
+ *
+ *   recorded   the complete response (or the over-size marker) is stored;
+ *   released   nothing ran, or the status policy says a retry runs again;
+ *   held       the outcome is unknown (the upstream failed after it got the
+ *              request, or the response ended before its end): an
+ *              "unknown" record, kept for idempotency_ttl, answers retries
+ *              with a problem and the operation never runs twice.
+ *
+ * Returns NGX_OK when a STORE or RELEASE was sent, whose reply the last
+ * buffer may wait for, NGX_DECLINED otherwise.
  *
  * STORE and RELEASE are retryable ops: if Redis cannot be reached, the
  * adapter keeps the command (with its copy of the response) and sends it
@@ -455,7 +748,7 @@ ngx_http_idempotency_renew_done(void *data, redisReply *reply, ngx_uint_t rc)
  * record, a second RELEASE finds no claim of ours.
  */
 
-void
+ngx_int_t
 ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx)
 {
     u_char                             *p;
@@ -472,7 +765,7 @@ ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx)
     }
 
     if (ctx->state != NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED) {
-        return;
+        return NGX_DECLINED;
     }
 
     ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_SETTLED;
@@ -480,14 +773,25 @@ ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx)
     r = ctx->request;
     ilcf = ctx->conf;
 
-    if (!ctx->release && !ctx->complete) {
-        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
-                      "idempotency: response of key_hash=%s did not "
-                      "complete, the claim is kept until "
-                      "idempotency_lock_ttl ends",
-                      ngx_http_idempotency_key_hash(&ctx->rkey));
-        ngx_http_idempotency_stat_inc(NGX_HTTP_IDEMPOTENCY_STAT_INCOMPLETE);
-        return;
+    if (!ctx->release && !ctx->hold && !ctx->complete) {
+
+        if (!ctx->header_seen && !ngx_http_idempotency_upstream_reached(r)) {
+            ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                           "idempotency: nothing ran for \"%V\", released",
+                           &ctx->rkey);
+            ngx_http_idempotency_stat_inc(NGX_HTTP_IDEMPOTENCY_STAT_NOT_RUN);
+            ctx->release = 1;
+
+        } else {
+            ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                          "idempotency: response of key_hash=%s did not "
+                          "complete, the outcome is unknown and held for "
+                          "idempotency_ttl",
+                          ngx_http_idempotency_key_hash(&ctx->rkey));
+            ngx_http_idempotency_stat_inc(
+                                   NGX_HTTP_IDEMPOTENCY_STAT_INCOMPLETE);
+            ctx->hold = 1;
+        }
     }
 
     /* the fence: the in-flight record this request's claim wrote */
@@ -497,6 +801,25 @@ ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx)
     if (ctx->release) {
         script = NGX_HTTP_IDEMPOTENCY_SCRIPT_RELEASE;
         nargs = 1;
+
+    } else if (ctx->hold) {
+        script = NGX_HTTP_IDEMPOTENCY_SCRIPT_STORE;
+        nargs = 3;
+
+        p = ngx_http_idempotency_record_write_head(head,
+                                 NGX_HTTP_IDEMPOTENCY_RECORD_UNKNOWN,
+                                 ctx->fingerprint, sizeof(ctx->fingerprint),
+                                 ctx->owner, sizeof(ctx->owner),
+                                 (unsigned long long) ctx->created,
+                                 (ctx->status >= 100 && ctx->status < 600)
+                                 ? (int) ctx->status : NGX_HTTP_BAD_GATEWAY);
+        *p++ = CR;
+        *p++ = LF;
+
+        args[1].data = head;
+        args[1].len = p - head;
+        args[2].data = ttl;
+        args[2].len = ngx_sprintf(ttl, "%M", ilcf->ttl) - ttl;
 
     } else {
         script = NGX_HTTP_IDEMPOTENCY_SCRIPT_STORE;
@@ -559,6 +882,136 @@ ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx)
         ngx_http_idempotency_stat_inc(ctx->release
                                 ? NGX_HTTP_IDEMPOTENCY_STAT_RELEASE_GIVEN_UP
                                 : NGX_HTTP_IDEMPOTENCY_STAT_STORE_GIVEN_UP);
+        return NGX_DECLINED;
+    }
+
+    return NGX_OK;
+}
+
+
+/*
+ * Read-after-complete: the last buffer of the response (the whole chain it
+ * came in) waits for the reply to the settle step, so that a client holding
+ * the complete response and retrying at once gets the replay (or, after a
+ * release, a fresh run), never a 409.  A bit in r->buffered keeps nginx
+ * from finishing the request meanwhile; the wait is bounded by the Redis
+ * timeout, after which the buffer goes anyway and the store goes on as a
+ * retryable op.
+ */
+
+ngx_int_t
+ngx_http_idempotency_settle_wait(ngx_http_idempotency_ctx_t *ctx,
+    ngx_chain_t *in)
+{
+    ngx_msec_t           timeout;
+    ngx_chain_t         *cl, **ll;
+    ngx_http_request_t  *r;
+
+    r = ctx->request;
+    ll = &ctx->held;
+
+    for ( /* void */ ; in; in = in->next) {
+        cl = ngx_alloc_chain_link(r->pool);
+        if (cl == NULL) {
+            return NGX_ERROR;
+        }
+
+        cl->buf = in->buf;
+        *ll = cl;
+        ll = &cl->next;
+    }
+
+    *ll = NULL;
+
+    if (ngx_http_idempotency_waiting.next == NULL) {
+        ngx_queue_init(&ngx_http_idempotency_waiting);
+    }
+
+    ngx_queue_insert_tail(&ngx_http_idempotency_waiting, &ctx->queue);
+    ctx->waiting = 1;
+
+    timeout = ctx->conf->redis->timeout;
+
+    ctx->held_timer.handler = ngx_http_idempotency_held_handler;
+    ctx->held_timer.data = ctx;
+    ctx->held_timer.log = r->connection->log;
+    ngx_add_timer(&ctx->held_timer, timeout ? timeout : 1000);
+
+    r->buffered |= NGX_HTTP_IDEMPOTENCY_BUFFERED;
+
+    ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "idempotency: last buffer of \"%V\" waits for Redis",
+                   &ctx->rkey);
+
+    return NGX_AGAIN;
+}
+
+
+static void
+ngx_http_idempotency_held_handler(ngx_event_t *ev)
+{
+    ngx_http_idempotency_ctx_t  *ctx;
+
+    ctx = ev->data;
+
+    ngx_log_error(NGX_LOG_INFO, ev->log, 0,
+                  "idempotency: no reply from Redis for the settle step of "
+                  "key_hash=%s in time, the response ends anyway",
+                  ngx_http_idempotency_key_hash(&ctx->rkey));
+
+    ngx_http_idempotency_wake(ctx);
+}
+
+
+/* the held buffer goes on: the request's writer passes it down */
+
+static void
+ngx_http_idempotency_wake(ngx_http_idempotency_ctx_t *ctx)
+{
+    ngx_http_request_t  *r;
+
+    if (!ctx->waiting) {
+        return;
+    }
+
+    ctx->waiting = 0;
+    ngx_queue_remove(&ctx->queue);
+
+    if (ctx->held_timer.timer_set) {
+        ngx_del_timer(&ctx->held_timer);
+    }
+
+    r = ctx->request;
+    r->buffered &= ~NGX_HTTP_IDEMPOTENCY_BUFFERED;
+
+    ngx_post_event(r->connection->write, &ngx_posted_events);
+}
+
+
+/* the first request of this worker waiting for a settle reply on key */
+
+static void
+ngx_http_idempotency_settled(ngx_str_t *key)
+{
+    ngx_queue_t                 *q;
+    ngx_http_idempotency_ctx_t  *ctx;
+
+    if (ngx_http_idempotency_waiting.next == NULL) {
+        return;
+    }
+
+    for (q = ngx_queue_head(&ngx_http_idempotency_waiting);
+         q != ngx_queue_sentinel(&ngx_http_idempotency_waiting);
+         q = ngx_queue_next(q))
+    {
+        ctx = ngx_queue_data(q, ngx_http_idempotency_ctx_t, queue);
+
+        if (ctx->rkey.len == key->len
+            && ngx_memcmp(ctx->rkey.data, key->data, key->len) == 0)
+        {
+            ngx_http_idempotency_wake(ctx);
+            return;
+        }
     }
 }
 
@@ -579,6 +1032,8 @@ ngx_http_idempotency_settle_handler(void *data, redisReply *reply,
 
     release = (info->script == NGX_HTTP_IDEMPOTENCY_SCRIPT_RELEASE);
     what = release ? "releasing the claim on" : "storing the response for";
+
+    ngx_http_idempotency_settled(&info->key);
 
     if (rc != NGX_HTTP_IDEMPOTENCY_REDIS_OK) {
 
@@ -656,8 +1111,17 @@ ngx_http_idempotency_cleanup(void *data)
     ngx_http_idempotency_ctx_t *ctx = data;
 
     if (ctx->op) {
+        /* the claim was sent: it may be applied although nothing ran */
         ngx_http_idempotency_redis_cancel(ctx->op);
         ctx->op = NULL;
+        ngx_http_idempotency_abandon(ctx);
+
+    } else if (ctx->state == NGX_HTTP_IDEMPOTENCY_STATE_DECIDED
+               && ctx->redis_rc == NGX_HTTP_IDEMPOTENCY_REDIS_OK
+               && ctx->reply_kind == NGX_HTTP_IDEMPOTENCY_MISS)
+    {
+        /* won, but the request ended before it went on */
+        ngx_http_idempotency_abandon(ctx);
     }
 
     if (ctx->wait_timer.timer_set) {
@@ -665,5 +1129,14 @@ ngx_http_idempotency_cleanup(void *data)
         ngx_http_idempotency_waiters--;
     }
 
-    ngx_http_idempotency_settle(ctx);
+    if (ctx->waiting) {
+        ctx->waiting = 0;
+        ngx_queue_remove(&ctx->queue);
+    }
+
+    if (ctx->held_timer.timer_set) {
+        ngx_del_timer(&ctx->held_timer);
+    }
+
+    (void) ngx_http_idempotency_settle(ctx);
 }

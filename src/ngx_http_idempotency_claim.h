@@ -28,8 +28,23 @@ void ngx_http_idempotency_claim_send(ngx_http_request_t *r,
 void ngx_http_idempotency_claim_won(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 
-/* ends the claim once: store, release or hold, from what ctx says */
-void ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx);
+/*
+ * At the response header: whether the claim is released (status policy,
+ * error_page after the claim) or held (upstream failed after it got the
+ * request); sets ctx->release or ctx->hold.
+ */
+void ngx_http_idempotency_claim_judge(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+
+/*
+ * Ends the claim once: store, release or hold, from what ctx says.
+ * NGX_OK: a Redis step was sent, whose reply settle_wait() can wait for.
+ */
+ngx_int_t ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx);
+
+/* holds the response's last buffers until that reply: NGX_AGAIN */
+ngx_int_t ngx_http_idempotency_settle_wait(ngx_http_idempotency_ctx_t *ctx,
+    ngx_chain_t *in);
 
 
 #endif /* _NGX_HTTP_IDEMPOTENCY_CLAIM_H_INCLUDED_ */

@@ -1,6 +1,6 @@
 /*
- * Capture of a claimed request's response as it streams to the client, and
- * settling the claim when the response ends: store, release or keep.
+ * Capture of a claimed request's response as it streams to the client; the
+ * claim is settled (ngx_http_idempotency_claim.c) when the response ends.
  */
 
 #include "ngx_http_idempotency_claim.h"
@@ -16,6 +16,8 @@ static ngx_int_t ngx_http_idempotency_snapshot(ngx_http_request_t *r,
 static ngx_uint_t ngx_http_idempotency_stored_header(
     ngx_http_idempotency_ctx_t *ctx, ngx_table_elt_t *h);
 static void ngx_http_idempotency_swallow(ngx_chain_t *in);
+static ngx_int_t ngx_http_idempotency_client_gone(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_chain_t *in);
 static ngx_int_t ngx_http_idempotency_capture(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, ngx_buf_t *b);
 
@@ -40,6 +42,7 @@ ngx_http_idempotency_filter_init(ngx_conf_t *cf)
 static ngx_int_t
 ngx_http_idempotency_header_filter(ngx_http_request_t *r)
 {
+    ngx_int_t                    rc;
     ngx_http_idempotency_ctx_t  *ctx;
 
     if (r != r->main) {
@@ -57,41 +60,65 @@ ngx_http_idempotency_header_filter(ngx_http_request_t *r)
     ctx->header_seen = 1;
     ctx->status = r->headers_out.status;
 
-    /* an error_page response stands for a failure, whatever its status */
+    ngx_http_idempotency_claim_judge(r, ctx);
 
-    if (r->error_page
-        || !ngx_http_idempotency_status_storable(ctx->conf, ctx->status))
+    if (!ctx->release && !ctx->hold) {
+
+        /*
+         * The full representation or nothing: no range filter cuts a
+         * stored response, and a part the upstream sent (206) is not
+         * replayable: it is kept as the not-replayable marker.
+         */
+
+        r->allow_ranges = 0;
+
+        if (ctx->status == NGX_HTTP_PARTIAL_CONTENT) {
+            ctx->oversize = 1;
+
+        } else if (r->headers_out.content_length_n > 0
+                   && (size_t) r->headers_out.content_length_n
+                      > ctx->conf->max_response_size)
+        {
+            ctx->oversize = 1;
+
+        } else {
+            if (ngx_http_idempotency_snapshot(r, ctx) != NGX_OK) {
+                return NGX_ERROR;
+            }
+
+            ctx->capture = 1;
+
+            /* file buffers (proxy temp files) are read into memory for us */
+
+            r->filter_need_in_memory = 1;
+        }
+    }
+
+    rc = ngx_http_next_header_filter(r);
+
+    if (rc == NGX_ERROR && r->connection->error
+        && ctx->state == NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED
+        && !ctx->release && !ctx->hold)
     {
-        ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
-                       "idempotency: status %ui%s is not stored",
-                       ctx->status, r->error_page ? " (error_page)" : "");
-
-        ctx->release = 1;
-        ngx_http_idempotency_stat_inc(r->error_page
-                                      ? NGX_HTTP_IDEMPOTENCY_STAT_ERROR_PAGE
-                                      : NGX_HTTP_IDEMPOTENCY_STAT_NOT_STORABLE);
-        return ngx_http_next_header_filter(r);
+        /* e.g. an HTTP/2 stream reset before the header went out */
+        rc = ngx_http_idempotency_client_gone(r, ctx, NULL);
     }
 
-    if (r->headers_out.content_length_n > 0
-        && (size_t) r->headers_out.content_length_n
-           > ctx->conf->max_response_size)
+    /*
+     * No body follows through the body filters after a header-only
+     * response (HEAD, 204, 304, HTTP/2 included): it ends here.
+     */
+
+    if (ctx->state == NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED
+        && (r->header_only || r->method == NGX_HTTP_HEAD
+            || ctx->status == NGX_HTTP_NO_CONTENT
+            || ctx->status == NGX_HTTP_NOT_MODIFIED))
     {
-        ctx->oversize = 1;
-        return ngx_http_next_header_filter(r);
+        ctx->complete = 1;
+        (void) ngx_http_idempotency_settle(ctx);
     }
 
-    if (ngx_http_idempotency_snapshot(r, ctx) != NGX_OK) {
-        return NGX_ERROR;
-    }
-
-    ctx->capture = 1;
-
-    /* file buffers (proxy temp files) are read into memory for us */
-
-    r->filter_need_in_memory = 1;
-
-    return ngx_http_next_header_filter(r);
+    return rc;
 }
 
 
@@ -253,35 +280,57 @@ ngx_http_idempotency_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
     ngx_chain_t                 *cl;
     ngx_http_idempotency_ctx_t  *ctx;
 
-    if (in == NULL || r != r->main) {
+    if (r != r->main) {
         return ngx_http_next_body_filter(r, in);
     }
 
     ctx = ngx_http_idempotency_get_ctx(r);
 
-    if (ctx == NULL || ctx->state != NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED
-        || !ctx->header_seen)
-    {
+    if (ctx == NULL) {
         return ngx_http_next_body_filter(r, in);
     }
 
-    for (cl = in; cl; cl = cl->next) {
+    if (ctx->held) {
 
-        if (ctx->capture
-            && ngx_http_idempotency_capture(r, ctx, cl->buf) != NGX_OK)
-        {
-            return NGX_ERROR;
+        /* read-after-complete: the last buffer waits for Redis */
+
+        if (ctx->waiting) {
+            return NGX_AGAIN;
         }
 
-        if (cl->buf->last_buf) {
-            ctx->complete = 1;
+        cl = ctx->held;
+        ctx->held = NULL;
+
+        if (ctx->client_gone) {
+            ngx_http_idempotency_swallow(cl);
+            return NGX_OK;
         }
+
+        return ngx_http_next_body_filter(r, cl);
     }
 
-    /* the client is never held back: the store goes out as we pass on */
+    if (in && ctx->state == NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED
+        && ctx->header_seen)
+    {
+        for (cl = in; cl; cl = cl->next) {
 
-    if (ctx->complete) {
-        ngx_http_idempotency_settle(ctx);
+            if (ctx->capture
+                && ngx_http_idempotency_capture(r, ctx, cl->buf) != NGX_OK)
+            {
+                return NGX_ERROR;
+            }
+
+            if (cl->buf->last_buf) {
+                ctx->complete = 1;
+            }
+        }
+
+        if (ctx->complete
+            && ngx_http_idempotency_settle(ctx) == NGX_OK
+            && !ctx->client_gone && !r->connection->error)
+        {
+            return ngx_http_idempotency_settle_wait(ctx, in);
+        }
     }
 
     if (ctx->client_gone) {
@@ -291,31 +340,42 @@ ngx_http_idempotency_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
 
     rc = ngx_http_next_body_filter(r, in);
 
-    /*
-     * With proxy_ignore_client_abort the operation goes on upstream after
-     * the client went away; a failed write to the client would still make
-     * nginx close the upstream, and the response would never be recorded.
-     * So the rest of it is taken in here, to be stored, and not sent.
-     */
-
-    if (rc == NGX_ERROR
-        && r->connection->error
-        && !ctx->complete
-        && !ctx->release
-        && r->upstream
-        && r->upstream->conf->ignore_client_abort)
+    if (rc == NGX_ERROR && r->connection->error
+        && ctx->state == NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED
+        && ctx->header_seen && !ctx->release && !ctx->hold)
     {
-        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
-                      "idempotency: client of key_hash=%s went away, the "
-                      "rest of the response is read for the record only",
-                      ngx_http_idempotency_key_hash(&ctx->rkey));
-
-        ctx->client_gone = 1;
-        ngx_http_idempotency_swallow(in);
-        return NGX_OK;
+        return ngx_http_idempotency_client_gone(r, ctx, in);
     }
 
     return rc;
+}
+
+
+/*
+ * The client of a claimed request went away: the response is read to its
+ * end for the record only.  The buffers are taken in here as if they were
+ * sent, so that the upstream module (its event pipe, or the unbuffered
+ * path) goes on reading the upstream to its end instead of closing it, and
+ * sends the last buffer that completes the record.
+ */
+
+static ngx_int_t
+ngx_http_idempotency_client_gone(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_chain_t *in)
+{
+    ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                  "idempotency: client of key_hash=%s went away, the rest "
+                  "of the response is read for the record only",
+                  ngx_http_idempotency_key_hash(&ctx->rkey));
+
+    ctx->client_gone = 1;
+
+    ngx_http_idempotency_swallow(in);
+
+    /* what the write filter kept of earlier calls is not sent either */
+    ngx_http_idempotency_swallow(r->out);
+
+    return NGX_OK;
 }
 
 

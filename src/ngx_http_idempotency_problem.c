@@ -60,7 +60,16 @@ static ngx_http_idempotency_problem_t  ngx_http_idempotency_problems[] = {
       ngx_string("Idempotency store is unavailable"),
       ngx_string("The request was not processed because its "
                  "Idempotency-Key could not be checked; retry later."),
-      1 }
+      1 },
+
+    { NGX_HTTP_BAD_GATEWAY,
+      ngx_string("outcome-unknown"),
+      ngx_string("Outcome for this Idempotency-Key is unknown"),
+      ngx_string("The request with this key was passed on, but it did not "
+                 "complete (the upstream failed after the request was sent, "
+                 "or the response was cut off), so it may have been carried "
+                 "out; it will not run again with this key."),
+      0 }
 };
 
 
@@ -83,6 +92,9 @@ ngx_http_idempotency_problem_of(ngx_http_idempotency_outcome_e outcome)
 
     case NGX_HTTP_IDEMPOTENCY_OVERSIZE:
         return &ngx_http_idempotency_problems[4];
+
+    case NGX_HTTP_IDEMPOTENCY_UNKNOWN:
+        return &ngx_http_idempotency_problems[6];
 
     default:
         return &ngx_http_idempotency_problems[5];

@@ -37,7 +37,8 @@ static ngx_str_t  ngx_http_idempotency_outcome_names[] = {
     ngx_string("MISSING"),
     ngx_string("INVALID"),
     ngx_string("OVERSIZE"),
-    ngx_string("ERROR")
+    ngx_string("ERROR"),
+    ngx_string("UNKNOWN")
 };
 
 
@@ -53,7 +54,8 @@ static const char  *ngx_http_idempotency_outcome_reasons[] = {
     "no key where idempotency_required is on",
     "the key is not valid",
     "the first response was too large to be stored",
-    "Redis failed"
+    "Redis failed",
+    "the first request's outcome is unknown, it is not run again"
 };
 
 
