@@ -334,6 +334,10 @@ ngx_http_idempotency_claim_record(ngx_http_request_t *r,
         ctx->reply_kind = NGX_HTTP_IDEMPOTENCY_OVERSIZE;
         return NGX_OK;
 
+    case NGX_HTTP_IDEMPOTENCY_RECORD_UNKNOWN:
+        ctx->reply_kind = NGX_HTTP_IDEMPOTENCY_UNKNOWN;
+        return NGX_OK;
+
     default: /* NGX_HTTP_IDEMPOTENCY_RECORD_DONE */
         break;
     }

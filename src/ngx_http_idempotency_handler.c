@@ -529,6 +529,7 @@ ngx_http_idempotency_decide(ngx_http_request_t *r,
 
     case NGX_HTTP_IDEMPOTENCY_MISMATCH:
     case NGX_HTTP_IDEMPOTENCY_OVERSIZE:
+    case NGX_HTTP_IDEMPOTENCY_UNKNOWN:
         ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_SETTLED;
         return ngx_http_idempotency_problem(r, ctx, ctx->reply_kind);
 

@@ -12,9 +12,10 @@
  *   <body bytes>
  *
  * state: inflight, done, oversize or unknown (the request was passed on
- * but its outcome is not known: held, never run again); fp: the request fingerprint (hex);
- * owner: the token of the request that claimed the key (hex); created: the
- * claim's Unix time; status: three digits, 000 while in flight.
+ * but its outcome is not known: held, never run again); fp: the request
+ * fingerprint (hex); owner: the token of the request that claimed the key
+ * (hex); created: the claim's Unix time; status: three digits, 000 while
+ * in flight.
  */
 
 #ifndef _NGX_HTTP_IDEMPOTENCY_RECORD_H_INCLUDED_

@@ -37,7 +37,7 @@ typedef enum {
     NGX_HTTP_IDEMPOTENCY_STAT_ERROR_PAGE,      /* replaced by error_page */
     NGX_HTTP_IDEMPOTENCY_STAT_INCOMPLETE,      /* ended early: held, unknown */
     NGX_HTTP_IDEMPOTENCY_STAT_NOT_RUN,         /* ended before it ran */
-    NGX_HTTP_IDEMPOTENCY_STAT_UPSTREAM_ERROR,  /* 502/504 by nginx after it was sent */
+    NGX_HTTP_IDEMPOTENCY_STAT_UPSTREAM_ERROR,  /* nginx's 502/504, sent */
 
     /* a store or release that Redis did not carry out */
     NGX_HTTP_IDEMPOTENCY_STAT_STORE_CLAIM_LOST,

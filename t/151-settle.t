@@ -4,11 +4,13 @@
 # otherwise (kept until the lock TTL and then run again, or run twice):
 #
 #   1 header-only responses (204, HEAD, X-Accel-Redirect to "return 204",
-#     HTTP/2)                        5 read-after-complete (store, release)
-#   2 error_page to a named location 6 a claim whose reply came too late
-#   3 HTTP/2 + ignore_client_abort   7 an upstream that failed after it got
-#   4 client aborts, default config    the request; never reached; policy
-#                                    8 ranges and 1xx
+#     HTTP/2)                        5 a claim whose reply came too late
+#   2 error_page to a named location 6 an upstream that failed after it got
+#   3 HTTP/2 + ignore_client_abort     the request; never reached; policy
+#   4 client aborts, default config  7 ranges and 1xx
+#
+# Read-after-complete (issue case 5) is t/153-read-after-complete.t: it
+# needs two workers.
 #
 # Each block does its choreography in "--- init" with raw HTTP/1.x sockets
 # (and curl for HTTP/2, from a second server "listen ... http2" with the
@@ -514,34 +516,7 @@ did not complete
 
 
 
-=== TEST 5: read-after-complete: a client that has the whole response (600 KB) and retries at once gets the replay; after a 429 it gets a fresh run, never a 409
---- http_config eval: $::HttpConfig
---- config eval: $::Config
---- user_files eval: $::Files
---- init
-for my $i (1 .. 5) {
-    my $k = "rac-$i";
-    my $r = main::raw(uri => '/big', key => $k);
-    Test::More::is(length $r->{body}, length $::Big, "$k: the whole body");
-    $r = main::raw(uri => '/big', key => $k);
-    Test::More::is("$r->{status} " . main::st($r), '200 HIT',
-                   "$k: the retry at once is a replay");
-}
-for my $i (1 .. 5) {
-    my $k = "rel-$i";
-    my $r = main::raw(uri => '/r429', key => $k);
-    Test::More::is("$r->{status} " . main::st($r), '429 MISS', "$k: first");
-    $r = main::raw(uri => '/r429', key => $k);
-    Test::More::is("$r->{status} " . main::st($r), '429 MISS',
-                   "$k: the retry at once runs again");
-}
---- request
-GET /ok
---- error_code: 200
-
-
-
-=== TEST 6: a claim whose reply comes after the Redis timeout is released: the request gets 503, its retry runs (not 409)
+=== TEST 5: a claim whose reply comes after the Redis timeout is released: the request gets 503, its retry runs (not 409)
 --- skip_eval: 1: !$ENV{TEST_NGINX_REDIS_CTL}
 --- http_config eval: $::HttpConfig
 --- config eval: $::Config
@@ -575,7 +550,7 @@ GET /ok
 
 
 
-=== TEST 7: an upstream that got the request and failed (reset: 502, timeout: 504) is held as outcome unknown, not run again; never reached or its own 503 releases; "idempotency_on_upstream_error release" releases
+=== TEST 6: an upstream that got the request and failed (reset: 502, timeout: 504) is held as outcome unknown, not run again; never reached or its own 503 releases; "idempotency_on_upstream_error release" releases
 --- http_config eval: $::HttpConfig
 --- config eval: $::Config
 --- init
@@ -609,7 +584,7 @@ GET /ok
 
 
 
-=== TEST 8: ranges and 1xx: a Range request (proxy_force_ranges, X-Accel-Redirect to a file) gets and stores the full 200; a 1xx is never stored
+=== TEST 7: ranges and 1xx: a Range request (proxy_force_ranges, X-Accel-Redirect to a file) gets and stores the full 200; a 1xx is never stored
 --- http_config eval: $::HttpConfig
 --- config eval: $::Config
 --- user_files eval: $::Files
