@@ -405,14 +405,27 @@ ngx_http_idempotency_claim_won(ngx_http_request_t *r,
     /* an error_page before the claim is the road here, not a failure */
     ctx->error_page = r->error_page;
 
+    ngx_http_idempotency_claim_redirected(r, ctx);
+    ngx_http_idempotency_renew_start(ctx);
+}
+
+
+/*
+ * The content handler of the location the claimed request is in now (the
+ * claiming one, or one an internal redirect, X-Accel-Redirect or a named
+ * location led to) is wrapped: see below.
+ */
+
+void
+ngx_http_idempotency_claim_redirected(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx)
+{
     if (r->content_handler
         && r->content_handler != ngx_http_idempotency_content_handler)
     {
         ctx->content_handler = r->content_handler;
         r->content_handler = ngx_http_idempotency_content_handler;
     }
-
-    ngx_http_idempotency_renew_start(ctx);
 }
 
 
@@ -443,7 +456,8 @@ ngx_http_idempotency_content_handler(ngx_http_request_t *r)
     }
 
     if (ctx->state == NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED
-        && r->connection->error)
+        && r->connection->error
+        && !ngx_http_idempotency_upstream_reached(r))
     {
         /* gone before anything ran: released by the cleanup */
         ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,

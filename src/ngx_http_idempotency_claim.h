@@ -28,6 +28,10 @@ void ngx_http_idempotency_claim_send(ngx_http_request_t *r,
 void ngx_http_idempotency_claim_won(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 
+/* a claimed request in a new location (internal redirect) */
+void ngx_http_idempotency_claim_redirected(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+
 /*
  * At the response header: whether the claim is released (status policy,
  * error_page after the claim) or held (upstream failed after it got the

@@ -147,8 +147,13 @@ ngx_http_idempotency_handler(ngx_http_request_t *r)
         case NGX_HTTP_IDEMPOTENCY_STATE_DECIDED:
             return ngx_http_idempotency_decide(r, ctx);
 
+        case NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED:
+            /* after an internal redirect: the new location's content */
+            ngx_http_idempotency_claim_redirected(r, ctx);
+            return NGX_DECLINED;
+
         default:
-            /* claimed, settled or out: e.g. after an internal redirect */
+            /* settled or out */
             return NGX_DECLINED;
         }
     }

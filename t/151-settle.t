@@ -94,6 +94,19 @@ our $Locations = q{
             proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/b/slow;
         }
 
+        location = /accel-slow {
+            idempotency on;
+            idempotency_scope "t";
+            add_header X-Idempotency-Status $idempotency_status always;
+            proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/b/accel-slow;
+        }
+
+        location = /in/slow {
+            internal;
+            add_header X-Idempotency-Status $idempotency_status always;
+            proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/b/slow;
+        }
+
         location = /slow-big {
             idempotency on;
             idempotency_scope "t";
@@ -222,6 +235,11 @@ our $Config = $Locations . q{
 
             location = /b/accel {
                 add_header X-Accel-Redirect /in/204;
+                return 200 "replaced\n";
+            }
+
+            location = /b/accel-slow {
+                add_header X-Accel-Redirect /in/slow;
                 return 200 "replaced\n";
             }
 
@@ -612,3 +630,24 @@ Test::More::is(main::st($r), 'MISS', '1xx: not stored, the retry runs');
 --- request
 GET /ok
 --- error_code: 200
+
+
+
+=== TEST 8: a client that leaves while the location an X-Accel-Redirect led to is proxying (default configuration): that upstream finishes, the retry gets the replay
+--- http_config eval: $::HttpConfig
+--- config eval: $::Config
+--- init
+main::raw(uri => '/accel-slow', key => 'ab-accel', hangup => 0.5);
+my $got = main::wait_for(sub {
+    my $x = main::raw(uri => '/accel-slow', key => 'ab-accel');
+    main::st($x) eq 'HIT' ? $x : undef
+}, 10);
+Test::More::ok($got && $got->{status} == 201
+               && $got->{body} eq "slow done\n", 'the retry is a replay');
+my @n = main::error_log() =~ m{EXEC \S+ /b/slow ab-accel$}mg;
+Test::More::is(scalar @n, 1, 'the redirect target ran once');
+--- request
+GET /ok
+--- error_code: 200
+--- no_error_log
+did not complete
