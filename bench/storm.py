@@ -782,9 +782,13 @@ class Client:
                     res.status, res.body, res.error = status, data, None
                     res.ctype = resp.getheader("Content-Type")
                     res.replayed = replayed
+                    # a held key's answer: the outcome is unknown, and
+                    # the module will not run it again (a final answer)
+                    held = status == 502 and b"outcome-unknown" in data
                     res.history.append("%d%s" % (status,
-                                                 "r" if replayed else ""))
-                    if not retryable(status, replayed):
+                                                 "r" if replayed or held
+                                                 else ""))
+                    if held or not retryable(status, replayed):
                         break
                     reason = str(status)
                     ra = resp.getheader("Retry-After")
@@ -1096,7 +1100,8 @@ def judge(storm, executions, meta, lenient):
     ("unresolved-ran": it ran once, its answer was lost or is still held
     by an in-flight claim; "unresolved-never": it never ran).  A key whose
     one execution the upstream broke off (upstream-reset) may end with the
-    same recorded 502/504 for every client ("stored-error")."""
+    same recorded 502/504 for every client, or the module's 502
+    outcome-unknown answer that holds it ("stored-error")."""
     verdicts = []
     for i, key in enumerate(storm.keys):
         runs = executions.get(key, [])

@@ -464,6 +464,10 @@ ngx_http_idempotency_admin_inspected(ngx_http_request_t *r,
                 state = "oversize";
                 break;
 
+            case NGX_HTTP_IDEMPOTENCY_RECORD_UNKNOWN:
+                state = "unknown";
+                break;
+
             default:
                 state = "done";
                 break;

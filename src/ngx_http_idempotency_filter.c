@@ -1,17 +1,11 @@
 /*
- * Capture of a claimed request's response as it streams to the client, and
- * settling the claim when the response ends: store, release or keep.
+ * Capture of a claimed request's response as it streams to the client; the
+ * claim is settled (ngx_http_idempotency_claim.c) when the response ends.
  */
 
-#include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_claim.h"
 #include "ngx_http_idempotency_record.h"
 #include "ngx_http_idempotency_stats.h"
-
-
-/* the first line of a completed record, with its CRLF */
-#define NGX_HTTP_IDEMPOTENCY_HEAD_LEN                                         \
-    (NGX_HTTP_IDEMPOTENCY_RECORD_HEAD_MAX(64, NGX_HTTP_IDEMPOTENCY_OWNER_LEN) \
-     + sizeof(CRLF) - 1)
 
 
 static ngx_int_t ngx_http_idempotency_header_filter(ngx_http_request_t *r);
@@ -22,13 +16,10 @@ static ngx_int_t ngx_http_idempotency_snapshot(ngx_http_request_t *r,
 static ngx_uint_t ngx_http_idempotency_stored_header(
     ngx_http_idempotency_ctx_t *ctx, ngx_table_elt_t *h);
 static void ngx_http_idempotency_swallow(ngx_chain_t *in);
-static void ngx_http_idempotency_renew_handler(ngx_event_t *ev);
-static void ngx_http_idempotency_renew_done(void *data, redisReply *reply,
-    ngx_uint_t rc);
+static ngx_int_t ngx_http_idempotency_client_gone(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_chain_t *in);
 static ngx_int_t ngx_http_idempotency_capture(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, ngx_buf_t *b);
-static void ngx_http_idempotency_settle_handler(void *data, redisReply *reply,
-    ngx_uint_t rc);
 
 
 static ngx_http_output_header_filter_pt  ngx_http_next_header_filter;
@@ -51,6 +42,7 @@ ngx_http_idempotency_filter_init(ngx_conf_t *cf)
 static ngx_int_t
 ngx_http_idempotency_header_filter(ngx_http_request_t *r)
 {
+    ngx_int_t                    rc;
     ngx_http_idempotency_ctx_t  *ctx;
 
     if (r != r->main) {
@@ -68,41 +60,65 @@ ngx_http_idempotency_header_filter(ngx_http_request_t *r)
     ctx->header_seen = 1;
     ctx->status = r->headers_out.status;
 
-    /* an error_page response stands for a failure, whatever its status */
+    ngx_http_idempotency_claim_judge(r, ctx);
 
-    if (r->error_page
-        || !ngx_http_idempotency_status_storable(ctx->conf, ctx->status))
+    if (!ctx->release && !ctx->hold) {
+
+        /*
+         * The full representation or nothing: no range filter cuts a
+         * stored response, and a part the upstream sent (206) is not
+         * replayable: it is kept as the not-replayable marker.
+         */
+
+        r->allow_ranges = 0;
+
+        if (ctx->status == NGX_HTTP_PARTIAL_CONTENT) {
+            ctx->oversize = 1;
+
+        } else if (r->headers_out.content_length_n > 0
+                   && (size_t) r->headers_out.content_length_n
+                      > ctx->conf->max_response_size)
+        {
+            ctx->oversize = 1;
+
+        } else {
+            if (ngx_http_idempotency_snapshot(r, ctx) != NGX_OK) {
+                return NGX_ERROR;
+            }
+
+            ctx->capture = 1;
+
+            /* file buffers (proxy temp files) are read into memory for us */
+
+            r->filter_need_in_memory = 1;
+        }
+    }
+
+    rc = ngx_http_next_header_filter(r);
+
+    if (rc == NGX_ERROR && r->connection->error
+        && ctx->state == NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED
+        && !ctx->release && !ctx->hold)
     {
-        ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
-                       "idempotency: status %ui%s is not stored",
-                       ctx->status, r->error_page ? " (error_page)" : "");
-
-        ctx->release = 1;
-        ngx_http_idempotency_stat_inc(r->error_page
-                                      ? NGX_HTTP_IDEMPOTENCY_STAT_ERROR_PAGE
-                                      : NGX_HTTP_IDEMPOTENCY_STAT_NOT_STORABLE);
-        return ngx_http_next_header_filter(r);
+        /* e.g. an HTTP/2 stream reset before the header went out */
+        rc = ngx_http_idempotency_client_gone(r, ctx, NULL);
     }
 
-    if (r->headers_out.content_length_n > 0
-        && (size_t) r->headers_out.content_length_n
-           > ctx->conf->max_response_size)
+    /*
+     * No body follows through the body filters after a header-only
+     * response (HEAD, 204, 304, HTTP/2 included): it ends here.
+     */
+
+    if (ctx->state == NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED
+        && (r->header_only || r->method == NGX_HTTP_HEAD
+            || ctx->status == NGX_HTTP_NO_CONTENT
+            || ctx->status == NGX_HTTP_NOT_MODIFIED))
     {
-        ctx->oversize = 1;
-        return ngx_http_next_header_filter(r);
+        ctx->complete = 1;
+        (void) ngx_http_idempotency_settle(ctx);
     }
 
-    if (ngx_http_idempotency_snapshot(r, ctx) != NGX_OK) {
-        return NGX_ERROR;
-    }
-
-    ctx->capture = 1;
-
-    /* file buffers (proxy temp files) are read into memory for us */
-
-    r->filter_need_in_memory = 1;
-
-    return ngx_http_next_header_filter(r);
+    return rc;
 }
 
 
@@ -264,35 +280,57 @@ ngx_http_idempotency_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
     ngx_chain_t                 *cl;
     ngx_http_idempotency_ctx_t  *ctx;
 
-    if (in == NULL || r != r->main) {
+    if (r != r->main) {
         return ngx_http_next_body_filter(r, in);
     }
 
     ctx = ngx_http_idempotency_get_ctx(r);
 
-    if (ctx == NULL || ctx->state != NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED
-        || !ctx->header_seen)
-    {
+    if (ctx == NULL) {
         return ngx_http_next_body_filter(r, in);
     }
 
-    for (cl = in; cl; cl = cl->next) {
+    if (ctx->held) {
 
-        if (ctx->capture
-            && ngx_http_idempotency_capture(r, ctx, cl->buf) != NGX_OK)
-        {
-            return NGX_ERROR;
+        /* read-after-complete: the last buffer waits for Redis */
+
+        if (ctx->waiting) {
+            return NGX_AGAIN;
         }
 
-        if (cl->buf->last_buf) {
-            ctx->complete = 1;
+        cl = ctx->held;
+        ctx->held = NULL;
+
+        if (ctx->client_gone) {
+            ngx_http_idempotency_swallow(cl);
+            return NGX_OK;
         }
+
+        return ngx_http_next_body_filter(r, cl);
     }
 
-    /* the client is never held back: the store goes out as we pass on */
+    if (in && ctx->state == NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED
+        && ctx->header_seen)
+    {
+        for (cl = in; cl; cl = cl->next) {
 
-    if (ctx->complete) {
-        ngx_http_idempotency_settle(ctx);
+            if (ctx->capture
+                && ngx_http_idempotency_capture(r, ctx, cl->buf) != NGX_OK)
+            {
+                return NGX_ERROR;
+            }
+
+            if (cl->buf->last_buf) {
+                ctx->complete = 1;
+            }
+        }
+
+        if (ctx->complete
+            && ngx_http_idempotency_settle(ctx) == NGX_OK
+            && !ctx->client_gone && !r->connection->error)
+        {
+            return ngx_http_idempotency_settle_wait(ctx, in);
+        }
     }
 
     if (ctx->client_gone) {
@@ -302,31 +340,42 @@ ngx_http_idempotency_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
 
     rc = ngx_http_next_body_filter(r, in);
 
-    /*
-     * With proxy_ignore_client_abort the operation goes on upstream after
-     * the client went away; a failed write to the client would still make
-     * nginx close the upstream, and the response would never be recorded.
-     * So the rest of it is taken in here, to be stored, and not sent.
-     */
-
-    if (rc == NGX_ERROR
-        && r->connection->error
-        && !ctx->complete
-        && !ctx->release
-        && r->upstream
-        && r->upstream->conf->ignore_client_abort)
+    if (rc == NGX_ERROR && r->connection->error
+        && ctx->state == NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED
+        && ctx->header_seen && !ctx->release && !ctx->hold)
     {
-        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
-                      "idempotency: client of key_hash=%s went away, the "
-                      "rest of the response is read for the record only",
-                      ngx_http_idempotency_key_hash(&ctx->rkey));
-
-        ctx->client_gone = 1;
-        ngx_http_idempotency_swallow(in);
-        return NGX_OK;
+        return ngx_http_idempotency_client_gone(r, ctx, in);
     }
 
     return rc;
+}
+
+
+/*
+ * The client of a claimed request went away: the response is read to its
+ * end for the record only.  The buffers are taken in here as if they were
+ * sent, so that the upstream module (its event pipe, or the unbuffered
+ * path) goes on reading the upstream to its end instead of closing it, and
+ * sends the last buffer that completes the record.
+ */
+
+static ngx_int_t
+ngx_http_idempotency_client_gone(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_chain_t *in)
+{
+    ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                  "idempotency: client of key_hash=%s went away, the rest "
+                  "of the response is read for the record only",
+                  ngx_http_idempotency_key_hash(&ctx->rkey));
+
+    ctx->client_gone = 1;
+
+    ngx_http_idempotency_swallow(in);
+
+    /* what the write filter kept of earlier calls is not sent either */
+    ngx_http_idempotency_swallow(r->out);
+
+    return NGX_OK;
 }
 
 
@@ -417,307 +466,11 @@ ngx_http_idempotency_capture(ngx_http_request_t *r,
 }
 
 
-/*
- * Called when the response has gone through, and from the request's
- * cleanup; it acts once.  A response that is not stored releases the claim
- * so that a retry runs; one that ended before it was complete (client gone,
- * upstream cut off) keeps the claim until the lock TTL, because the
- * operation may have run.
- *
- * STORE and RELEASE are retryable ops: if Redis cannot be reached, the
- * adapter keeps the command (with its copy of the response) and sends it
- * again once Redis is back, until the claim's lock TTL ends.  After that a
- * store would be refused by the owner check anyway (the claim is gone or
- * someone else's), so that is the op's deadline.  Running either script
- * twice is harmless: a second STORE with the same owner writes the same
- * record, a second RELEASE finds no claim of ours.
- */
-
-void
-ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx)
-{
-    u_char                             *p;
-    ngx_str_t                           args[3];
-    ngx_uint_t                          script, nargs;
-    ngx_http_request_t                 *r;
-    ngx_http_idempotency_redis_op_t    *op;
-    ngx_http_idempotency_loc_conf_t    *ilcf;
-    u_char                              ttl[NGX_INT_T_LEN];
-    u_char                              head[NGX_HTTP_IDEMPOTENCY_HEAD_LEN];
-
-    if (ctx->renew_timer.timer_set) {
-        ngx_del_timer(&ctx->renew_timer);
-    }
-
-    if (ctx->state != NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED) {
-        return;
-    }
-
-    ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_SETTLED;
-
-    r = ctx->request;
-    ilcf = ctx->conf;
-
-    if (!ctx->release && !ctx->complete) {
-        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
-                      "idempotency: response of key_hash=%s did not "
-                      "complete, the claim is kept until "
-                      "idempotency_lock_ttl ends",
-                      ngx_http_idempotency_key_hash(&ctx->rkey));
-        ngx_http_idempotency_stat_inc(NGX_HTTP_IDEMPOTENCY_STAT_INCOMPLETE);
-        return;
-    }
-
-    /* the fence: the in-flight record this request's claim wrote */
-
-    args[0] = ctx->inflight;
-
-    if (ctx->release) {
-        script = NGX_HTTP_IDEMPOTENCY_SCRIPT_RELEASE;
-        nargs = 1;
-
-    } else {
-        script = NGX_HTTP_IDEMPOTENCY_SCRIPT_STORE;
-        nargs = 3;
-        ngx_http_idempotency_stat_inc(ctx->oversize
-                                      ? NGX_HTTP_IDEMPOTENCY_STAT_TOO_LARGE
-                                      : NGX_HTTP_IDEMPOTENCY_STAT_STORED);
-
-        p = ngx_http_idempotency_record_write_head(head,
-                                 ctx->oversize
-                                 ? NGX_HTTP_IDEMPOTENCY_RECORD_OVERSIZE
-                                 : NGX_HTTP_IDEMPOTENCY_RECORD_DONE,
-                                 ctx->fingerprint, sizeof(ctx->fingerprint),
-                                 ctx->owner, sizeof(ctx->owner),
-                                 (unsigned long long) ctx->created,
-                                 ctx->status);
-        args[1].len = p - head;
-
-        if (ctx->oversize) {
-            *p++ = CR;
-            *p++ = LF;
-
-            args[1].data = head;
-            args[1].len += sizeof(CRLF) - 1;
-
-        } else {
-
-            /* the first line goes right in front of the header lines */
-
-            args[1].data = ctx->record + ctx->body_off - ctx->headers_len
-                           - (sizeof(CRLF) - 1) - args[1].len;
-            ngx_memcpy(args[1].data, head, args[1].len);
-
-            args[1].len += ctx->headers_len + sizeof(CRLF) - 1
-                           + ctx->body_len;
-        }
-
-        args[2].data = ttl;
-        args[2].len = ngx_sprintf(ttl, "%M", ilcf->ttl) - ttl;
-    }
-
-    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
-                   "idempotency %s \"%V\"",
-                   script == NGX_HTTP_IDEMPOTENCY_SCRIPT_RELEASE
-                   ? "release" : "store", &ctx->rkey);
-
-    op = ngx_http_idempotency_redis_script_retry(ilcf->redis, script,
-                                           &ctx->rkey, args, nargs,
-                                           ctx->claimed + ilcf->lock_ttl,
-                                           ngx_http_idempotency_settle_handler,
-                                           NULL, r->connection->log);
-    if (op == NULL) {
-        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                      "idempotency: cannot send or keep the %s of "
-                      "key_hash=%s (no memory, or the worker is exiting), "
-                      "the claim stays until idempotency_lock_ttl ends",
-                      script == NGX_HTTP_IDEMPOTENCY_SCRIPT_RELEASE
-                      ? "release" : "store",
-                      ngx_http_idempotency_key_hash(&ctx->rkey));
-        ngx_http_idempotency_stat_inc(ctx->release
-                                ? NGX_HTTP_IDEMPOTENCY_STAT_RELEASE_GIVEN_UP
-                                : NGX_HTTP_IDEMPOTENCY_STAT_STORE_GIVEN_UP);
-    }
-}
 
 
-/*
- * No request here: it may be long gone (and this runs at worker exit too);
- * data is the op's own info, with its copy of the key.
- */
-
-static void
-ngx_http_idempotency_settle_handler(void *data, redisReply *reply,
-    ngx_uint_t rc)
-{
-    ngx_http_idempotency_redis_info_t *info = data;
-
-    ngx_uint_t   release;
-    const char  *what;
-
-    release = (info->script == NGX_HTTP_IDEMPOTENCY_SCRIPT_RELEASE);
-    what = release ? "releasing the claim on" : "storing the response for";
-
-    if (rc != NGX_HTTP_IDEMPOTENCY_REDIS_OK) {
-
-        /* given up by the adapter: retried until the lock TTL, or not */
-
-        ngx_http_idempotency_stat_inc(release
-                                ? NGX_HTTP_IDEMPOTENCY_STAT_RELEASE_GIVEN_UP
-                                : NGX_HTTP_IDEMPOTENCY_STAT_STORE_GIVEN_UP);
-
-        if (release) {
-            ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0,
-                          "idempotency: gave up %s key_hash=%s (%s; "
-                          "attempts: %ui, last error: %s): a retry gets 409 "
-                          "until idempotency_lock_ttl ends, then runs",
-                          what, ngx_http_idempotency_key_hash(&info->key),
-                          info->reason ? info->reason : "failed",
-                          info->attempts, info->error ? info->error : "none");
-
-        } else {
-            ngx_log_error(NGX_LOG_ERR, ngx_cycle->log, 0,
-                          "idempotency: gave up %s key_hash=%s (%s; "
-                          "attempts: %ui, last error: %s): the response is "
-                          "lost; once idempotency_lock_ttl ends, a retry "
-                          "runs the operation again",
-                          what, ngx_http_idempotency_key_hash(&info->key),
-                          info->reason ? info->reason : "failed",
-                          info->attempts, info->error ? info->error : "none");
-        }
-
-    } else if (reply->type == REDIS_REPLY_ERROR) {
-        ngx_log_error(NGX_LOG_ERR, ngx_cycle->log, 0,
-                      "idempotency: Redis error while settling key_hash=%s: "
-                      "%*s", ngx_http_idempotency_key_hash(&info->key),
-                      (size_t) reply->len, reply->str);
-        ngx_http_idempotency_stat_inc(release
-                               ? NGX_HTTP_IDEMPOTENCY_STAT_RELEASE_REDIS_ERROR
-                               : NGX_HTTP_IDEMPOTENCY_STAT_STORE_REDIS_ERROR);
-
-    } else if (reply->type == REDIS_REPLY_INTEGER && reply->integer == 0) {
-
-        if (release) {
-            /* e.g. a resent RELEASE whose first copy did run */
-            ngx_log_error(NGX_LOG_INFO, ngx_cycle->log, 0,
-                          "idempotency: the claim on key_hash=%s was gone "
-                          "when it was released",
-                          ngx_http_idempotency_key_hash(&info->key));
-
-        } else {
-            ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0,
-                          "idempotency: the claim on key_hash=%s was lost "
-                          "(%s), the response was not stored",
-                          ngx_http_idempotency_key_hash(&info->key),
-                          info->parked
-                          ? "Redis was away: it restarted without "
-                            "persistence, or idempotency_lock_ttl ended"
-                          : "its idempotency_lock_ttl ended before the "
-                            "response");
-            ngx_http_idempotency_stat_inc(
-                                NGX_HTTP_IDEMPOTENCY_STAT_STORE_CLAIM_LOST);
-        }
-
-    } else if (info->parked) {
-        ngx_log_error(NGX_LOG_NOTICE, ngx_cycle->log, 0,
-                      "idempotency: %s key_hash=%s succeeded after a retry "
-                      "(attempts: %ui)", what,
-                      ngx_http_idempotency_key_hash(&info->key),
-                      info->attempts);
-    }
-}
 
 
-/*
- * While a claimed request runs, its claim is renewed every third of
- * idempotency_lock_ttl: an upstream slower than the lock TTL never lets a
- * retry run the operation a second time, and the lock TTL only bounds how
- * long the claim of a request that died (worker crash) blocks retries.
- */
-
-void
-ngx_http_idempotency_renew_start(ngx_http_idempotency_ctx_t *ctx)
-{
-    ngx_event_t  *ev;
-
-    ev = &ctx->renew_timer;
-    ev->handler = ngx_http_idempotency_renew_handler;
-    ev->data = ctx;
-    ev->log = ctx->request->connection->log;
-
-    ngx_add_timer(ev, ngx_max(ctx->conf->lock_ttl / 3, 1));
-}
 
 
-static void
-ngx_http_idempotency_renew_handler(ngx_event_t *ev)
-{
-    ngx_str_t                    args[2];
-    u_char                       ttl[NGX_INT_T_LEN];
-    ngx_http_idempotency_ctx_t  *ctx;
-
-    ctx = ev->data;
-
-    if (ctx->state != NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED) {
-        return;
-    }
-
-    args[0] = ctx->inflight;
-    args[1].data = ttl;
-    args[1].len = ngx_sprintf(ttl, "%M", ctx->conf->lock_ttl) - ttl;
-
-    ngx_log_debug1(NGX_LOG_DEBUG_HTTP, ev->log, 0,
-                   "idempotency renew \"%V\"", &ctx->rkey);
-
-    /* the store step's deadline moves with the claim's expiry */
-
-    if (ngx_http_idempotency_redis_script(ctx->conf->redis,
-                                          NGX_HTTP_IDEMPOTENCY_SCRIPT_RENEW,
-                                          &ctx->rkey, args, 2,
-                                          ngx_http_idempotency_renew_done,
-                                          NULL, ev->log)
-        != NULL)
-    {
-        ctx->claimed = ngx_current_msec;
-    }
-
-    ngx_add_timer(ev, ngx_max(ctx->conf->lock_ttl / 3, 1));
-}
 
 
-/* no request here; data is the op's copy of the key */
-
-static void
-ngx_http_idempotency_renew_done(void *data, redisReply *reply, ngx_uint_t rc)
-{
-    ngx_str_t *key = data;
-
-    /*
-     * An error reply (NOPERM, OOM, ...) leaves the claim to expire at its
-     * old time; a connection failure is logged by the connection itself.
-     * The next renewal tries again either way.
-     */
-
-    if (rc == NGX_HTTP_IDEMPOTENCY_REDIS_OK
-        && reply->type == REDIS_REPLY_ERROR)
-    {
-        ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0,
-                      "idempotency: renewing the claim on key_hash=%s "
-                      "failed: %*s; if its request outlasts "
-                      "idempotency_lock_ttl, a retry may run the operation "
-                      "again", ngx_http_idempotency_key_hash(key),
-                      (size_t) reply->len, reply->str);
-        return;
-    }
-
-    if (rc == NGX_HTTP_IDEMPOTENCY_REDIS_OK
-        && reply->type == REDIS_REPLY_INTEGER && reply->integer == 0)
-    {
-        ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0,
-                      "idempotency: the claim on key_hash=%s was lost while "
-                      "its request was running (expired or removed in "
-                      "Redis); a retry may run the operation again",
-                      ngx_http_idempotency_key_hash(key));
-        ngx_http_idempotency_stat_inc(NGX_HTTP_IDEMPOTENCY_STAT_CLAIM_LOST);
-    }
-}

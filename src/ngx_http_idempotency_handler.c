@@ -3,7 +3,12 @@
  * content handler (MISS), replay (HIT) or answer with a problem.
  */
 
+#include <openssl/evp.h>
+#include <openssl/rand.h>
+#include <openssl/sha.h>
+
 #include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_claim.h"
 #include "ngx_http_idempotency_key.h"
 #include "ngx_http_idempotency_record.h"
 #include "ngx_http_idempotency_scope.h"
@@ -11,17 +16,10 @@
 
 #include <stdlib.h>
 
-#include <openssl/evp.h>
-#include <openssl/rand.h>
-#include <openssl/sha.h>
-
 
 #define NGX_HTTP_IDEMPOTENCY_WAIT_STEP_MIN  20
 #define NGX_HTTP_IDEMPOTENCY_WAIT_STEP_MAX  500
 
-
-/* duplicates of this worker waiting for a timer now (idempotency_wait) */
-static ngx_uint_t  ngx_http_idempotency_waiters;
 
 /*
  * Per worker: SHA-256 fetched once (OpenSSL 3 looks an implicit
@@ -48,16 +46,6 @@ static void ngx_http_idempotency_body_handler(ngx_http_request_t *r);
 static ngx_int_t ngx_http_idempotency_fingerprint(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 static void ngx_http_idempotency_owner(ngx_http_idempotency_ctx_t *ctx);
-static void ngx_http_idempotency_claim(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx);
-static void ngx_http_idempotency_claim_handler(void *data, redisReply *reply,
-    ngx_uint_t rc);
-static ngx_int_t ngx_http_idempotency_claim_reply(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx, redisReply *reply);
-static ngx_int_t ngx_http_idempotency_claim_record(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx, redisReply *reply);
-static void ngx_http_idempotency_free_reply(void *data);
-static void ngx_http_idempotency_resume(ngx_http_request_t *r);
 static ngx_int_t ngx_http_idempotency_decide(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 static ngx_int_t ngx_http_idempotency_conflict(ngx_http_request_t *r,
@@ -71,7 +59,6 @@ static ngx_int_t ngx_http_idempotency_replay_header(ngx_http_request_t *r,
     ngx_http_idempotency_record_header_t *rh);
 static ngx_int_t ngx_http_idempotency_problem(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, ngx_http_idempotency_outcome_e outcome);
-static void ngx_http_idempotency_cleanup(void *data);
 
 
 ngx_int_t
@@ -164,8 +151,13 @@ ngx_http_idempotency_handler(ngx_http_request_t *r)
         case NGX_HTTP_IDEMPOTENCY_STATE_DECIDED:
             return ngx_http_idempotency_decide(r, ctx);
 
+        case NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED:
+            /* after an internal redirect: the new location's content */
+            ngx_http_idempotency_claim_redirected(r, ctx);
+            return NGX_DECLINED;
+
         default:
-            /* claimed, settled or out: e.g. after an internal redirect */
+            /* settled or out */
             return NGX_DECLINED;
         }
     }
@@ -180,38 +172,6 @@ ngx_http_idempotency_handler(ngx_http_request_t *r)
 }
 
 
-ngx_http_idempotency_ctx_t *
-ngx_http_idempotency_get_ctx(ngx_http_request_t *r)
-{
-    ngx_pool_cleanup_t          *cln;
-    ngx_http_idempotency_ctx_t  *ctx;
-
-    ctx = ngx_http_get_module_ctx(r, ngx_http_idempotency_module);
-
-    if (ctx != NULL || r->uri_changes > NGX_HTTP_MAX_URI_CHANGES) {
-        return ctx;
-    }
-
-    /*
-     * An internal redirect or a named location (error_page,
-     * X-Accel-Redirect, try_files) clears module contexts; the claim must
-     * survive it, so the context is found again through its pool cleanup.
-     * Subrequests share the pool, hence the check of the owner.
-     */
-
-    for (cln = r->pool->cleanup; cln; cln = cln->next) {
-        if (cln->handler == ngx_http_idempotency_cleanup) {
-            ctx = cln->data;
-
-            if (ctx->request == r) {
-                ngx_http_set_ctx(r, ctx, ngx_http_idempotency_module);
-                return ctx;
-            }
-        }
-    }
-
-    return NULL;
-}
 
 
 static ngx_int_t
@@ -221,27 +181,12 @@ ngx_http_idempotency_start(ngx_http_request_t *r,
     int                          krc;
     ngx_int_t                    rc;
     ngx_str_t                    value;
-    ngx_pool_cleanup_t          *cln;
     ngx_http_idempotency_ctx_t  *ctx;
 
-    ctx = ngx_pcalloc(r->pool, sizeof(ngx_http_idempotency_ctx_t));
+    ctx = ngx_http_idempotency_ctx_create(r, ilcf);
     if (ctx == NULL) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
-
-    cln = ngx_pool_cleanup_add(r->pool, 0);
-    if (cln == NULL) {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
-    }
-
-    cln->handler = ngx_http_idempotency_cleanup;
-    cln->data = ctx;
-
-    ctx->request = r;
-    ctx->conf = ilcf;
-    ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_DONE;
-
-    ngx_http_set_ctx(r, ctx, ngx_http_idempotency_module);
 
     rc = ngx_http_idempotency_find_key(r, ilcf, &value);
 
@@ -429,7 +374,7 @@ ngx_http_idempotency_body_handler(ngx_http_request_t *r)
         return;
     }
 
-    ngx_http_idempotency_claim(r, ctx);
+    ngx_http_idempotency_claim_send(r, ctx);
 }
 
 
@@ -560,245 +505,16 @@ ngx_http_idempotency_owner(ngx_http_idempotency_ctx_t *ctx)
 }
 
 
-static void
-ngx_http_idempotency_claim(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx)
-{
-    u_char      *p;
-    ngx_str_t    args[5];
-    u_char       ttl[NGX_INT64_LEN];
-
-    /*
-     * SET <key> <in-flight record> NX GET PX <lock TTL>: atomic alone, it
-     * claims the key when there is no record (nil reply: MISS) and returns
-     * the record otherwise, changing nothing (HIT, CONFLICT, MISMATCH,
-     * OVERSIZE are decided from it here).  The in-flight record is rebuilt
-     * for each claim (a waiter claims again): its creation time and token
-     * are those of the claim that may win.
-     */
-
-    ctx->created = ngx_time();
-
-    p = ngx_http_idempotency_record_write_head(ctx->inflight_buf,
-                                     NGX_HTTP_IDEMPOTENCY_RECORD_INFLIGHT,
-                                     ctx->fingerprint,
-                                     sizeof(ctx->fingerprint),
-                                     ctx->owner, sizeof(ctx->owner),
-                                     (unsigned long long) ctx->created, 0);
-    *p++ = CR;
-    *p++ = LF;
-
-    ctx->inflight.data = ctx->inflight_buf;
-    ctx->inflight.len = p - ctx->inflight_buf;
-
-    args[0] = ctx->inflight;
-    ngx_str_set(&args[1], "NX");
-    ngx_str_set(&args[2], "GET");
-    ngx_str_set(&args[3], "PX");
-    args[4].data = ttl;
-    args[4].len = ngx_sprintf(ttl, "%M", ctx->conf->lock_ttl) - ttl;
-
-    ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
-                   "idempotency claim \"%V\"", &ctx->rkey);
-
-    ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_CLAIMING;
-    ctx->claimed = ngx_current_msec;   /* the lock TTL runs from about here */
-
-    ctx->op = ngx_http_idempotency_redis_script(ctx->conf->redis,
-                                   NGX_HTTP_IDEMPOTENCY_SCRIPT_CLAIM,
-                                   &ctx->rkey, args, 5,
-                                   ngx_http_idempotency_claim_handler, ctx,
-                                   r->connection->log);
-
-    if (ctx->op == NULL) {
-        ctx->redis_rc = NGX_HTTP_IDEMPOTENCY_REDIS_ERROR;
-        ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_DECIDED;
-        ngx_http_idempotency_resume(r);
-    }
-}
 
 
-static void
-ngx_http_idempotency_claim_handler(void *data, redisReply *reply,
-    ngx_uint_t rc)
-{
-    ngx_http_idempotency_ctx_t *ctx = data;
-
-    ngx_http_request_t  *r;
-
-    r = ctx->request;
-
-    ctx->op = NULL;
-    ctx->redis_rc = rc;
-    ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_DECIDED;
-
-    if (rc == NGX_HTTP_IDEMPOTENCY_REDIS_OK
-        && ngx_http_idempotency_claim_reply(r, ctx, reply) != NGX_OK)
-    {
-        ctx->redis_rc = NGX_HTTP_IDEMPOTENCY_REDIS_ERROR;
-    }
-
-    ngx_http_idempotency_resume(r);
-}
 
 
-/*
- * A nil reply: the key was free and is ours now.  A string: the record
- * someone else wrote, which decides the answer.  Anything else (e.g.
- * WRONGTYPE for a record of an older version of the module, a hash) is a
- * failure of the store.
- */
-
-static ngx_int_t
-ngx_http_idempotency_claim_reply(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx, redisReply *reply)
-{
-    if (reply->type == REDIS_REPLY_NIL) {
-        ctx->reply_kind = NGX_HTTP_IDEMPOTENCY_MISS;
-        return NGX_OK;
-    }
-
-    if (reply->type == REDIS_REPLY_STRING) {
-        return ngx_http_idempotency_claim_record(r, ctx, reply);
-    }
-
-    if (reply->type == REDIS_REPLY_ERROR) {
-
-        if (reply->len >= sizeof("WRONGTYPE") - 1
-            && ngx_strncmp(reply->str, "WRONGTYPE", sizeof("WRONGTYPE") - 1)
-               == 0)
-        {
-            ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                          "idempotency: the record key_hash=%s is not a "
-                          "Redis string: written by an earlier version of "
-                          "the module (a hash) or by something else; it is "
-                          "left alone until it expires",
-                          ngx_http_idempotency_key_hash(&ctx->rkey));
-            return NGX_ERROR;
-        }
-
-        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                      "idempotency: Redis claim failed: %*s, key_hash=%s",
-                      (size_t) reply->len, reply->str,
-                      ngx_http_idempotency_key_hash(&ctx->rkey));
-        return NGX_ERROR;
-    }
-
-    ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                  "idempotency: unexpected reply to the claim of key_hash=%s",
-                  ngx_http_idempotency_key_hash(&ctx->rkey));
-
-    return NGX_ERROR;
-}
 
 
-/*
- * For a HIT the reply's string becomes the request's: replay points into
- * it (header names, values, the body) without a copy, and a pool cleanup
- * frees it.  hiredis frees the reply object after us and skips a string
- * that is NULL.
- */
-
-static ngx_int_t
-ngx_http_idempotency_claim_record(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx, redisReply *reply)
-{
-    const char                     *reason;
-    ngx_pool_cleanup_t             *cln;
-    ngx_http_idempotency_record_t   rec;
-
-    if (ngx_http_idempotency_record_parse((u_char *) reply->str, reply->len,
-                                          &rec)
-        != 0)
-    {
-        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                      "idempotency: the record key_hash=%s is corrupt or "
-                      "not of this module (%uz bytes), not used",
-                      ngx_http_idempotency_key_hash(&ctx->rkey),
-                      (size_t) reply->len);
-        return NGX_ERROR;
-    }
-
-    if (rec.fp_len != sizeof(ctx->fingerprint)
-        || ngx_memcmp(rec.fp, ctx->fingerprint, rec.fp_len) != 0)
-    {
-        ctx->reply_kind = NGX_HTTP_IDEMPOTENCY_MISMATCH;
-        return NGX_OK;
-    }
-
-    switch (rec.state) {
-
-    case NGX_HTTP_IDEMPOTENCY_RECORD_INFLIGHT:
-        ctx->reply_kind = NGX_HTTP_IDEMPOTENCY_CONFLICT;
-        return NGX_OK;
-
-    case NGX_HTTP_IDEMPOTENCY_RECORD_OVERSIZE:
-        ctx->reply_kind = NGX_HTTP_IDEMPOTENCY_OVERSIZE;
-        return NGX_OK;
-
-    default: /* NGX_HTTP_IDEMPOTENCY_RECORD_DONE */
-        break;
-    }
-
-    /* never a response from a record the module could not have written */
-
-    if (ngx_http_idempotency_record_validate(&rec, &reason) != 0) {
-        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                      "idempotency: the record key_hash=%s is corrupt: %s; "
-                      "not replayed",
-                      ngx_http_idempotency_key_hash(&ctx->rkey), reason);
-        return NGX_ERROR;
-    }
-
-    cln = ngx_pool_cleanup_add(r->pool, 0);
-    if (cln == NULL) {
-        return NGX_ERROR;
-    }
-
-    cln->handler = ngx_http_idempotency_free_reply;
-    cln->data = reply->str;
-
-    reply->str = NULL;
-    reply->len = 0;
-
-    ctx->reply_kind = NGX_HTTP_IDEMPOTENCY_HIT;
-    ctx->reply_status = rec.status;
-    ctx->reply_headers.data = (u_char *) rec.headers;
-    ctx->reply_headers.len = rec.headers_len;
-    ctx->reply_body.data = (u_char *) rec.body;
-    ctx->reply_body.len = rec.body_len;
-
-    return NGX_OK;
-}
 
 
-/* hiredis allocates with malloc() (hiredis 1.x: unless told otherwise) */
-
-static void
-ngx_http_idempotency_free_reply(void *data)
-{
-    free(data);
-}
 
 
-/* runs the phases again from an event that is not the request's own */
-
-static void
-ngx_http_idempotency_resume(ngx_http_request_t *r)
-{
-    ngx_connection_t  *c;
-
-    c = r->connection;
-
-    r->write_event_handler = ngx_http_core_run_phases;
-
-    if (ngx_http_post_request(r, NULL) != NGX_OK) {
-        ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
-        return;
-    }
-
-    ngx_http_run_posted_requests(c);
-}
 
 
 static ngx_int_t
@@ -816,9 +532,7 @@ ngx_http_idempotency_decide(ngx_http_request_t *r,
     switch (ctx->reply_kind) {
 
     case NGX_HTTP_IDEMPOTENCY_MISS:
-        ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED;
-        ctx->outcome = NGX_HTTP_IDEMPOTENCY_MISS;
-        ngx_http_idempotency_renew_start(ctx);
+        ngx_http_idempotency_claim_won(r, ctx);
         return NGX_DECLINED;
 
     case NGX_HTTP_IDEMPOTENCY_HIT:
@@ -832,6 +546,7 @@ ngx_http_idempotency_decide(ngx_http_request_t *r,
 
     case NGX_HTTP_IDEMPOTENCY_MISMATCH:
     case NGX_HTTP_IDEMPOTENCY_OVERSIZE:
+    case NGX_HTTP_IDEMPOTENCY_UNKNOWN:
         ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_SETTLED;
         return ngx_http_idempotency_problem(r, ctx, ctx->reply_kind);
 
@@ -940,7 +655,7 @@ ngx_http_idempotency_wait_handler(ngx_event_t *ev)
         return;
     }
 
-    ngx_http_idempotency_claim(r, ctx);
+    ngx_http_idempotency_claim_send(r, ctx);
 }
 
 
@@ -1170,22 +885,3 @@ ngx_http_idempotency_problem(ngx_http_request_t *r,
 }
 
 
-static void
-ngx_http_idempotency_cleanup(void *data)
-{
-    ngx_http_idempotency_ctx_t *ctx = data;
-
-    if (ctx->op) {
-        ngx_http_idempotency_redis_cancel(ctx->op);
-        ctx->op = NULL;
-    }
-
-    if (ctx->wait_timer.timer_set) {
-        ngx_del_timer(&ctx->wait_timer);
-        ngx_http_idempotency_waiters--;
-        ngx_http_idempotency_scope_wait_leave(
-            ctx->rkey.data + ctx->conf->redis->prefix.len);
-    }
-
-    ngx_http_idempotency_settle(ctx);
-}

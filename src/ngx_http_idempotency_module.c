@@ -75,6 +75,13 @@ static ngx_conf_enum_t  ngx_http_idempotency_on_store_error_enum[] = {
 };
 
 
+static ngx_conf_enum_t  ngx_http_idempotency_on_upstream_error_enum[] = {
+    { ngx_string("hold"), NGX_HTTP_IDEMPOTENCY_UPSTREAM_ERROR_HOLD },
+    { ngx_string("release"), NGX_HTTP_IDEMPOTENCY_UPSTREAM_ERROR_RELEASE },
+    { ngx_null_string, 0 }
+};
+
+
 static ngx_command_t  ngx_http_idempotency_commands[] = {
 
     { ngx_string("idempotency"),
@@ -160,6 +167,13 @@ static ngx_command_t  ngx_http_idempotency_commands[] = {
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_idempotency_loc_conf_t, on_store_error),
       &ngx_http_idempotency_on_store_error_enum },
+
+    { ngx_string("idempotency_on_upstream_error"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_enum_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idempotency_loc_conf_t, on_upstream_error),
+      &ngx_http_idempotency_on_upstream_error_enum },
 
     { ngx_string("idempotency_key_max_length"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
@@ -247,7 +261,7 @@ ngx_module_t  ngx_http_idempotency_module = {
 
 /* every status but 5xx and 408, 409, 425, 429 */
 static ngx_str_t  ngx_http_idempotency_default_store_status[] = {
-    ngx_string("1xx"), ngx_string("2xx"), ngx_string("3xx"),
+    ngx_string("2xx"), ngx_string("3xx"),
     ngx_string("4xx"), ngx_string("!408"), ngx_string("!409"),
     ngx_string("!425"), ngx_string("!429")
 };
@@ -369,6 +383,7 @@ ngx_http_idempotency_create_loc_conf(ngx_conf_t *cf)
     ilcf->wait = NGX_CONF_UNSET_MSEC;
     ilcf->max_response_size = NGX_CONF_UNSET_SIZE;
     ilcf->on_store_error = NGX_CONF_UNSET_UINT;
+    ilcf->on_upstream_error = NGX_CONF_UNSET_UINT;
     ilcf->key_max_length = NGX_CONF_UNSET_UINT;
     ilcf->hide_headers = NGX_CONF_UNSET_PTR;
     ilcf->pass_headers = NGX_CONF_UNSET_PTR;
@@ -403,6 +418,9 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
                               prev->max_response_size, 1024 * 1024);
     ngx_conf_merge_uint_value(conf->on_store_error, prev->on_store_error,
                               NGX_HTTP_IDEMPOTENCY_STORE_ERROR_CLOSED);
+    ngx_conf_merge_uint_value(conf->on_upstream_error,
+                              prev->on_upstream_error,
+                              NGX_HTTP_IDEMPOTENCY_UPSTREAM_ERROR_HOLD);
     ngx_conf_merge_uint_value(conf->key_max_length, prev->key_max_length,
                               NGX_HTTP_IDEMPOTENCY_KEY_MAX_LEN);
     ngx_conf_merge_str_value(conf->problem_type, prev->problem_type,
@@ -1493,7 +1511,9 @@ ngx_uint_t
 ngx_http_idempotency_status_storable(ngx_http_idempotency_loc_conf_t *ilcf,
     ngx_uint_t status)
 {
-    if (status >= NGX_HTTP_IDEMPOTENCY_STATUS_MAX) {
+    /* a 1xx is never a final answer to replay, whatever the list says */
+
+    if (status < NGX_HTTP_OK || status >= NGX_HTTP_IDEMPOTENCY_STATUS_MAX) {
         return 0;
     }
 

@@ -17,6 +17,12 @@
 #define NGX_HTTP_IDEMPOTENCY_STORE_ERROR_CLOSED  0
 #define NGX_HTTP_IDEMPOTENCY_STORE_ERROR_OPEN    1
 
+#define NGX_HTTP_IDEMPOTENCY_UPSTREAM_ERROR_HOLD     0
+#define NGX_HTTP_IDEMPOTENCY_UPSTREAM_ERROR_RELEASE  1
+
+/* r->buffered while the last buffer waits for Redis (read-after-complete) */
+#define NGX_HTTP_IDEMPOTENCY_BUFFERED            0x08
+
 #define NGX_HTTP_IDEMPOTENCY_KEY_MAX_LEN         255
 #define NGX_HTTP_IDEMPOTENCY_KEY_LIMIT           8192
 
@@ -50,7 +56,9 @@ typedef enum {
     NGX_HTTP_IDEMPOTENCY_INVALID,
     NGX_HTTP_IDEMPOTENCY_OVERSIZE,
     NGX_HTTP_IDEMPOTENCY_ERROR,      /* Redis failed: refused, or passed */
-    NGX_HTTP_IDEMPOTENCY_UNSCOPED    /* a key but an empty scope: refused */
+    NGX_HTTP_IDEMPOTENCY_UNSCOPED,   /* a key but an empty scope: refused */
+    NGX_HTTP_IDEMPOTENCY_UNKNOWN     /* the first request's outcome is not
+                                        known: held, never run again */
 } ngx_http_idempotency_outcome_e;
 
 
@@ -99,6 +107,7 @@ typedef struct {
     ngx_array_t                         *skip_headers;  /* merged result */
     ngx_http_idempotency_scope_secret_t *scope_secret;  /* NULL: none */
     ngx_flag_t                           admin;   /* idempotency_admin here */
+    ngx_uint_t                           on_upstream_error;
 } ngx_http_idempotency_loc_conf_t;
 
 
@@ -151,6 +160,18 @@ typedef struct {
     unsigned                             complete:1;
     unsigned                             replaying:1;
     unsigned                             client_gone:1;
+
+    /* outcome unknown: the record says so for idempotency_ttl */
+    unsigned                             hold:1;
+    /* r->error_page was set before the claim: not ours to judge */
+    unsigned                             error_page:1;
+    /* the last buffer waits for the store's or release's reply */
+    unsigned                             waiting:1;
+
+    ngx_http_handler_pt                  content_handler;  /* wrapped */
+    ngx_chain_t                         *held;     /* the last buffer */
+    ngx_event_t                          held_timer;
+    ngx_queue_t                          queue;    /* of waiting requests */
 } ngx_http_idempotency_ctx_t;
 
 
@@ -170,8 +191,6 @@ const char *ngx_http_idempotency_outcome_reason(
     ngx_http_idempotency_outcome_e outcome);
 char *ngx_http_idempotency_status(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
-void ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx);
-void ngx_http_idempotency_renew_start(ngx_http_idempotency_ctx_t *ctx);
 
 ngx_int_t ngx_http_idempotency_send_problem(ngx_http_request_t *r,
     ngx_http_idempotency_outcome_e outcome);

@@ -69,6 +69,15 @@ static ngx_http_idempotency_problem_t  ngx_http_idempotency_problems[] = {
                  "does not say who sent it (e.g. no Authorization header); "
                  "send the credentials, or the server's operator sets "
                  "idempotency_scope to what identifies a client."),
+      0 },
+
+    { NGX_HTTP_BAD_GATEWAY,
+      ngx_string("outcome-unknown"),
+      ngx_string("Outcome for this Idempotency-Key is unknown"),
+      ngx_string("The request with this key was passed on, but it did not "
+                 "complete (the upstream failed after the request was sent, "
+                 "or the response was cut off), so it may have been carried "
+                 "out; it will not run again with this key."),
       0 }
 };
 
@@ -99,6 +108,9 @@ ngx_http_idempotency_problem_of(ngx_http_idempotency_outcome_e outcome)
 
     case NGX_HTTP_IDEMPOTENCY_UNSCOPED:
         return &ngx_http_idempotency_problems[6];
+
+    case NGX_HTTP_IDEMPOTENCY_UNKNOWN:
+        return &ngx_http_idempotency_problems[7];
 
     default:
         return &ngx_http_idempotency_problems[5];

@@ -11,9 +11,11 @@
  *   \r\n
  *   <body bytes>
  *
- * state: inflight, done or oversize; fp: the request fingerprint (hex);
- * owner: the token of the request that claimed the key (hex); created: the
- * claim's Unix time; status: three digits, 000 while in flight.
+ * state: inflight, done, oversize or unknown (the request was passed on
+ * but its outcome is not known: held, never run again); fp: the request
+ * fingerprint (hex); owner: the token of the request that claimed the key
+ * (hex); created: the claim's Unix time; status: three digits, 000 while
+ * in flight.
  */
 
 #ifndef _NGX_HTTP_IDEMPOTENCY_RECORD_H_INCLUDED_
@@ -26,6 +28,7 @@
 #define NGX_HTTP_IDEMPOTENCY_RECORD_INFLIGHT  0
 #define NGX_HTTP_IDEMPOTENCY_RECORD_DONE      1
 #define NGX_HTTP_IDEMPOTENCY_RECORD_OVERSIZE  2
+#define NGX_HTTP_IDEMPOTENCY_RECORD_UNKNOWN   3
 
 /* fingerprint and owner token: 1 .. this many hex digits */
 #define NGX_HTTP_IDEMPOTENCY_RECORD_TOKEN_MAX  128

@@ -29,13 +29,16 @@ typedef enum {
     NGX_HTTP_IDEMPOTENCY_STAT_OVERSIZE,
     NGX_HTTP_IDEMPOTENCY_STAT_ERROR,
     NGX_HTTP_IDEMPOTENCY_STAT_UNSCOPED,
+    NGX_HTTP_IDEMPOTENCY_STAT_UNKNOWN,
 
     /* what happened to the response of a claimed (MISS) request */
     NGX_HTTP_IDEMPOTENCY_STAT_STORED,          /* sent to Redis to record */
     NGX_HTTP_IDEMPOTENCY_STAT_TOO_LARGE,       /* not-replayable marker */
     NGX_HTTP_IDEMPOTENCY_STAT_NOT_STORABLE,    /* idempotency_store_status */
     NGX_HTTP_IDEMPOTENCY_STAT_ERROR_PAGE,      /* replaced by error_page */
-    NGX_HTTP_IDEMPOTENCY_STAT_INCOMPLETE,      /* ended early: claim kept */
+    NGX_HTTP_IDEMPOTENCY_STAT_INCOMPLETE,      /* ended early: held, unknown */
+    NGX_HTTP_IDEMPOTENCY_STAT_NOT_RUN,         /* ended before it ran */
+    NGX_HTTP_IDEMPOTENCY_STAT_UPSTREAM_ERROR,  /* nginx's 502/504, sent */
 
     /* a store or release that Redis did not carry out */
     NGX_HTTP_IDEMPOTENCY_STAT_STORE_CLAIM_LOST,

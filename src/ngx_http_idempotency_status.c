@@ -74,6 +74,8 @@ static ngx_http_idempotency_metric_t  ngx_http_idempotency_metrics[] = {
         "requests", "ERROR", ""),
     ngx_http_idempotency_metric("requests_total", "outcome=\"UNSCOPED\"",
         "requests", "UNSCOPED", ""),
+    ngx_http_idempotency_metric("requests_total", "outcome=\"UNKNOWN\"",
+        "requests", "UNKNOWN", ""),
 
     ngx_http_idempotency_metric("responses_total", "result=\"stored\"",
         "responses", "stored",
@@ -87,6 +89,10 @@ static ngx_http_idempotency_metric_t  ngx_http_idempotency_metrics[] = {
         "responses", "error_page", ""),
     ngx_http_idempotency_metric("responses_total", "result=\"incomplete\"",
         "responses", "incomplete", ""),
+    ngx_http_idempotency_metric("responses_total", "result=\"not_run\"",
+        "responses", "not_run", ""),
+    ngx_http_idempotency_metric("responses_total",
+        "result=\"upstream_error\"", "responses", "upstream_error", ""),
 
     ngx_http_idempotency_metric("store_failures_total",
         "reason=\"claim_lost\"", "store_failures", "claim_lost",

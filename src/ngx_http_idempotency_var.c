@@ -38,7 +38,8 @@ static ngx_str_t  ngx_http_idempotency_outcome_names[] = {
     ngx_string("INVALID"),
     ngx_string("OVERSIZE"),
     ngx_string("ERROR"),
-    ngx_string("UNSCOPED")
+    ngx_string("UNSCOPED"),
+    ngx_string("UNKNOWN")
 };
 
 
@@ -55,7 +56,8 @@ static const char  *ngx_http_idempotency_outcome_reasons[] = {
     "the key is not valid",
     "the first response was too large to be stored",
     "Redis failed",
-    "a key but an empty idempotency_scope"
+    "a key but an empty idempotency_scope",
+    "the first request's outcome is unknown, it is not run again"
 };
 
 

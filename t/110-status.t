@@ -31,7 +31,7 @@ our $Version = do {
 };
 
 our @Outcomes = qw(BYPASS MISS HIT CONFLICT MISMATCH MISSING INVALID
-                   OVERSIZE ERROR UNSCOPED);
+                   OVERSIZE ERROR UNSCOPED UNKNOWN);
 
 our $HttpConfig = qq{
     # the test clients send no credentials: "test:" is their shared scope
@@ -318,7 +318,8 @@ Test::More::is($s->{version}, $main::Version, 'version');
 Test::More::is_deeply([sort keys %{ $s->{requests} }], [sort @main::Outcomes],
                       'one counter per $idempotency_status value');
 Test::More::is_deeply([sort keys %{ $s->{responses} }],
-                      [qw(error_page incomplete not_storable stored too_large)],
+                      [qw(error_page incomplete not_run not_storable stored
+                          too_large upstream_error)],
                       'responses by result');
 Test::More::is_deeply([sort keys %{ $s->{store_failures} }],
                       [qw(claim_lost given_up redis_error)], 'store failures');
@@ -422,7 +423,8 @@ Content-Type: text/plain; version=0.0.4
 === TEST 10: every outcome is counted exactly, and what became of each response
 # MISS, HIT, MISMATCH, INVALID, MISSING, two BYPASS (no key; GET), a
 # CONFLICT against a running first request, responses not stored (status),
-# released (error_page), too large (then OVERSIZE), cut off (client gone),
+# released (error_page), too large (then OVERSIZE), client gone (the
+# response is still read to its end and stored),
 # and ERROR with Redis killed.
 --- skip_eval: 22: !$ENV{TEST_NGINX_REDIS_CTL}
 --- http_config eval: $::HttpConfig
@@ -457,12 +459,13 @@ select(undef, undef, undef, 2.5 * $S);
 my $s = main::status_json();
 Test::More::is_deeply($s->{requests},
     { BYPASS => 2, MISS => 6, HIT => 1, CONFLICT => 1, MISMATCH => 1,
-      MISSING => 1, INVALID => 1, OVERSIZE => 1, ERROR => 1, UNSCOPED => 0 },
+      MISSING => 1, INVALID => 1, OVERSIZE => 1, ERROR => 1, UNSCOPED => 0,
+      UNKNOWN => 0 },
     'requests by outcome')
     or Test::More::diag(JSON::PP->new->canonical->encode($s->{requests}));
 Test::More::is_deeply($s->{responses},
-    { stored => 2, too_large => 1, not_storable => 1, error_page => 1,
-      incomplete => 1 },
+    { stored => 3, too_large => 1, not_storable => 1, error_page => 1,
+      incomplete => 0, not_run => 0, upstream_error => 0 },
     'responses by result')
     or Test::More::diag(JSON::PP->new->canonical->encode($s->{responses}));
 my $r = $s->{redis};
@@ -486,7 +489,8 @@ return if !$ENV{TEST_NGINX_REDIS_CTL};    # skipped (the real Test::Nginx runs i
 my $s = main::status_json();
 Test::More::is($s->{responses}{stored} + $s->{responses}{too_large}
                + $s->{responses}{not_storable}
-               + $s->{responses}{error_page} + $s->{responses}{incomplete},
+               + $s->{responses}{error_page} + $s->{responses}{incomplete}
+               + $s->{responses}{not_run} + $s->{responses}{upstream_error},
                $s->{requests}{MISS}, 'one result per MISS');
 --- request
 GET /status

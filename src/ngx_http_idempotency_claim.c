@@ -1,0 +1,1174 @@
+/*
+ * The claim's life cycle in one place: claim a key, renew the claim while
+ * its request runs, and settle it exactly once (store, release or hold).
+ * The handler and the filters both use it; they do not call each other.
+ */
+
+#include "ngx_http_idempotency_claim.h"
+#include "ngx_http_idempotency_record.h"
+#include "ngx_http_idempotency_scope.h"
+#include "ngx_http_idempotency_stats.h"
+
+#include <stdlib.h>
+
+
+/* the first line of a completed record, with its CRLF */
+#define NGX_HTTP_IDEMPOTENCY_HEAD_LEN                                         \
+    (NGX_HTTP_IDEMPOTENCY_RECORD_HEAD_MAX(64, NGX_HTTP_IDEMPOTENCY_OWNER_LEN) \
+     + sizeof(CRLF) - 1)
+
+
+/* duplicates of this worker waiting for a timer now (idempotency_wait) */
+ngx_uint_t  ngx_http_idempotency_waiters;
+
+
+static void ngx_http_idempotency_claim_handler(void *data, redisReply *reply,
+    ngx_uint_t rc);
+static ngx_int_t ngx_http_idempotency_claim_reply(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, redisReply *reply);
+static ngx_int_t ngx_http_idempotency_claim_record(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, redisReply *reply);
+static void ngx_http_idempotency_free_reply(void *data);
+static void ngx_http_idempotency_resume(ngx_http_request_t *r);
+static void ngx_http_idempotency_cleanup(void *data);
+static void ngx_http_idempotency_settle_handler(void *data, redisReply *reply,
+    ngx_uint_t rc);
+static void ngx_http_idempotency_renew_start(ngx_http_idempotency_ctx_t *ctx);
+static void ngx_http_idempotency_renew_handler(ngx_event_t *ev);
+static void ngx_http_idempotency_renew_done(void *data, redisReply *reply,
+    ngx_uint_t rc);
+static void ngx_http_idempotency_abandon(ngx_http_idempotency_ctx_t *ctx);
+static ngx_int_t ngx_http_idempotency_content_handler(ngx_http_request_t *r);
+static void ngx_http_idempotency_finish_upstream(ngx_http_request_t *r,
+    ngx_http_event_handler_pt read, ngx_http_event_handler_pt write);
+static ngx_uint_t ngx_http_idempotency_upstream_reached(
+    ngx_http_request_t *r);
+static ngx_uint_t ngx_http_idempotency_upstream_failed(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+static void ngx_http_idempotency_wake(ngx_http_idempotency_ctx_t *ctx);
+static void ngx_http_idempotency_held_handler(ngx_event_t *ev);
+static void ngx_http_idempotency_settled(ngx_str_t *key);
+
+
+/* requests whose last buffer waits for their store or release reply */
+static ngx_queue_t  ngx_http_idempotency_waiting;
+
+
+ngx_http_idempotency_ctx_t *
+ngx_http_idempotency_ctx_create(ngx_http_request_t *r,
+    ngx_http_idempotency_loc_conf_t *ilcf)
+{
+    ngx_pool_cleanup_t          *cln;
+    ngx_http_idempotency_ctx_t  *ctx;
+
+    ctx = ngx_pcalloc(r->pool, sizeof(ngx_http_idempotency_ctx_t));
+    if (ctx == NULL) {
+        return NULL;
+    }
+
+    cln = ngx_pool_cleanup_add(r->pool, 0);
+    if (cln == NULL) {
+        return NULL;
+    }
+
+    cln->handler = ngx_http_idempotency_cleanup;
+    cln->data = ctx;
+
+    ctx->request = r;
+    ctx->conf = ilcf;
+    ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_DONE;
+
+    ngx_http_set_ctx(r, ctx, ngx_http_idempotency_module);
+
+    return ctx;
+}
+
+
+ngx_http_idempotency_ctx_t *
+ngx_http_idempotency_get_ctx(ngx_http_request_t *r)
+{
+    ngx_pool_cleanup_t          *cln;
+    ngx_http_idempotency_ctx_t  *ctx;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_idempotency_module);
+
+    if (ctx != NULL || r->uri_changes > NGX_HTTP_MAX_URI_CHANGES) {
+        return ctx;
+    }
+
+    /*
+     * An internal redirect or a named location (error_page,
+     * X-Accel-Redirect, try_files) clears module contexts; the claim must
+     * survive it, so the context is found again through its pool cleanup.
+     * Subrequests share the pool, hence the check of the owner.
+     */
+
+    for (cln = r->pool->cleanup; cln; cln = cln->next) {
+        if (cln->handler == ngx_http_idempotency_cleanup) {
+            ctx = cln->data;
+
+            if (ctx->request == r) {
+                ngx_http_set_ctx(r, ctx, ngx_http_idempotency_module);
+                return ctx;
+            }
+        }
+    }
+
+    return NULL;
+}
+
+
+void
+ngx_http_idempotency_claim_send(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx)
+{
+    u_char      *p;
+    ngx_str_t    args[5];
+    u_char       ttl[NGX_INT64_LEN];
+
+    /*
+     * SET <key> <in-flight record> NX GET PX <lock TTL>: atomic alone, it
+     * claims the key when there is no record (nil reply: MISS) and returns
+     * the record otherwise, changing nothing (HIT, CONFLICT, MISMATCH,
+     * OVERSIZE are decided from it here).  The in-flight record is rebuilt
+     * for each claim (a waiter claims again): its creation time and token
+     * are those of the claim that may win.
+     */
+
+    ctx->created = ngx_time();
+
+    p = ngx_http_idempotency_record_write_head(ctx->inflight_buf,
+                                     NGX_HTTP_IDEMPOTENCY_RECORD_INFLIGHT,
+                                     ctx->fingerprint,
+                                     sizeof(ctx->fingerprint),
+                                     ctx->owner, sizeof(ctx->owner),
+                                     (unsigned long long) ctx->created, 0);
+    *p++ = CR;
+    *p++ = LF;
+
+    ctx->inflight.data = ctx->inflight_buf;
+    ctx->inflight.len = p - ctx->inflight_buf;
+
+    args[0] = ctx->inflight;
+    ngx_str_set(&args[1], "NX");
+    ngx_str_set(&args[2], "GET");
+    ngx_str_set(&args[3], "PX");
+    args[4].data = ttl;
+    args[4].len = ngx_sprintf(ttl, "%M", ctx->conf->lock_ttl) - ttl;
+
+    ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "idempotency claim \"%V\"", &ctx->rkey);
+
+    ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_CLAIMING;
+    ctx->claimed = ngx_current_msec;   /* the lock TTL runs from about here */
+
+    ctx->op = ngx_http_idempotency_redis_script(ctx->conf->redis,
+                                   NGX_HTTP_IDEMPOTENCY_SCRIPT_CLAIM,
+                                   &ctx->rkey, args, 5,
+                                   ngx_http_idempotency_claim_handler, ctx,
+                                   r->connection->log);
+
+    if (ctx->op == NULL) {
+        ctx->redis_rc = NGX_HTTP_IDEMPOTENCY_REDIS_ERROR;
+        ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_DECIDED;
+        ngx_http_idempotency_resume(r);
+    }
+}
+
+
+static void
+ngx_http_idempotency_claim_handler(void *data, redisReply *reply,
+    ngx_uint_t rc)
+{
+    ngx_http_idempotency_ctx_t *ctx = data;
+
+    ngx_http_request_t  *r;
+
+    r = ctx->request;
+
+    ctx->op = NULL;
+    ctx->redis_rc = rc;
+    ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_DECIDED;
+
+    if (rc != NGX_HTTP_IDEMPOTENCY_REDIS_OK) {
+
+        /*
+         * The SET may have been applied although its reply did not come
+         * (timeout, connection lost): nothing runs under this claim, so it
+         * is released rather than left to lock the key until the lock TTL.
+         */
+
+        ngx_http_idempotency_abandon(ctx);
+
+    } else if (ngx_http_idempotency_claim_reply(r, ctx, reply) != NGX_OK) {
+        ctx->redis_rc = NGX_HTTP_IDEMPOTENCY_REDIS_ERROR;
+    }
+
+    ngx_http_idempotency_resume(r);
+}
+
+
+/*
+ * Releases a claim that may exist in Redis while nothing runs under it:
+ * a claim whose reply was lost, or a request that ended before its content
+ * ran.  The fence (our in-flight record, owner token included) makes it a
+ * no-op when the SET was not applied.
+ */
+
+static void
+ngx_http_idempotency_abandon(ngx_http_idempotency_ctx_t *ctx)
+{
+    ngx_http_request_t  *r;
+
+    r = ctx->request;
+
+    ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "idempotency abandon \"%V\"", &ctx->rkey);
+
+    if (ngx_http_idempotency_redis_script_retry(ctx->conf->redis,
+                                   NGX_HTTP_IDEMPOTENCY_SCRIPT_RELEASE,
+                                   &ctx->rkey, &ctx->inflight, 1,
+                                   ctx->claimed + ctx->conf->lock_ttl,
+                                   ngx_http_idempotency_settle_handler,
+                                   NULL, r->connection->log)
+        == NULL)
+    {
+        ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
+                      "idempotency: cannot release the unanswered claim of "
+                      "key_hash=%s, a retry gets 409 until "
+                      "idempotency_lock_ttl ends",
+                      ngx_http_idempotency_key_hash(&ctx->rkey));
+    }
+}
+
+
+/*
+ * A nil reply: the key was free and is ours now.  A string: the record
+ * someone else wrote, which decides the answer.  Anything else (e.g.
+ * WRONGTYPE for a record of an older version of the module, a hash) is a
+ * failure of the store.
+ */
+
+static ngx_int_t
+ngx_http_idempotency_claim_reply(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, redisReply *reply)
+{
+    if (reply->type == REDIS_REPLY_NIL) {
+        ctx->reply_kind = NGX_HTTP_IDEMPOTENCY_MISS;
+        return NGX_OK;
+    }
+
+    if (reply->type == REDIS_REPLY_STRING) {
+        return ngx_http_idempotency_claim_record(r, ctx, reply);
+    }
+
+    if (reply->type == REDIS_REPLY_ERROR) {
+
+        if (reply->len >= sizeof("WRONGTYPE") - 1
+            && ngx_strncmp(reply->str, "WRONGTYPE", sizeof("WRONGTYPE") - 1)
+               == 0)
+        {
+            ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                          "idempotency: the record key_hash=%s is not a "
+                          "Redis string: written by an earlier version of "
+                          "the module (a hash) or by something else; it is "
+                          "left alone until it expires",
+                          ngx_http_idempotency_key_hash(&ctx->rkey));
+            return NGX_ERROR;
+        }
+
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "idempotency: Redis claim failed: %*s, key_hash=%s",
+                      (size_t) reply->len, reply->str,
+                      ngx_http_idempotency_key_hash(&ctx->rkey));
+        return NGX_ERROR;
+    }
+
+    ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                  "idempotency: unexpected reply to the claim of key_hash=%s",
+                  ngx_http_idempotency_key_hash(&ctx->rkey));
+
+    return NGX_ERROR;
+}
+
+
+/*
+ * For a HIT the reply's string becomes the request's: replay points into
+ * it (header names, values, the body) without a copy, and a pool cleanup
+ * frees it.  hiredis frees the reply object after us and skips a string
+ * that is NULL.
+ */
+
+static ngx_int_t
+ngx_http_idempotency_claim_record(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, redisReply *reply)
+{
+    const char                     *reason;
+    ngx_pool_cleanup_t             *cln;
+    ngx_http_idempotency_record_t   rec;
+
+    if (ngx_http_idempotency_record_parse((u_char *) reply->str, reply->len,
+                                          &rec)
+        != 0)
+    {
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "idempotency: the record key_hash=%s is corrupt or "
+                      "not of this module (%uz bytes), not used",
+                      ngx_http_idempotency_key_hash(&ctx->rkey),
+                      (size_t) reply->len);
+        return NGX_ERROR;
+    }
+
+    if (rec.fp_len != sizeof(ctx->fingerprint)
+        || ngx_memcmp(rec.fp, ctx->fingerprint, rec.fp_len) != 0)
+    {
+        ctx->reply_kind = NGX_HTTP_IDEMPOTENCY_MISMATCH;
+        return NGX_OK;
+    }
+
+    switch (rec.state) {
+
+    case NGX_HTTP_IDEMPOTENCY_RECORD_INFLIGHT:
+        ctx->reply_kind = NGX_HTTP_IDEMPOTENCY_CONFLICT;
+        return NGX_OK;
+
+    case NGX_HTTP_IDEMPOTENCY_RECORD_OVERSIZE:
+        ctx->reply_kind = NGX_HTTP_IDEMPOTENCY_OVERSIZE;
+        return NGX_OK;
+
+    case NGX_HTTP_IDEMPOTENCY_RECORD_UNKNOWN:
+        ctx->reply_kind = NGX_HTTP_IDEMPOTENCY_UNKNOWN;
+        return NGX_OK;
+
+    default: /* NGX_HTTP_IDEMPOTENCY_RECORD_DONE */
+        break;
+    }
+
+    /* never a response from a record the module could not have written */
+
+    if (ngx_http_idempotency_record_validate(&rec, &reason) != 0) {
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "idempotency: the record key_hash=%s is corrupt: %s; "
+                      "not replayed",
+                      ngx_http_idempotency_key_hash(&ctx->rkey), reason);
+        return NGX_ERROR;
+    }
+
+    cln = ngx_pool_cleanup_add(r->pool, 0);
+    if (cln == NULL) {
+        return NGX_ERROR;
+    }
+
+    cln->handler = ngx_http_idempotency_free_reply;
+    cln->data = reply->str;
+
+    reply->str = NULL;
+    reply->len = 0;
+
+    ctx->reply_kind = NGX_HTTP_IDEMPOTENCY_HIT;
+    ctx->reply_status = rec.status;
+    ctx->reply_headers.data = (u_char *) rec.headers;
+    ctx->reply_headers.len = rec.headers_len;
+    ctx->reply_body.data = (u_char *) rec.body;
+    ctx->reply_body.len = rec.body_len;
+
+    return NGX_OK;
+}
+
+
+/* hiredis allocates with malloc() (hiredis 1.x: unless told otherwise) */
+
+static void
+ngx_http_idempotency_free_reply(void *data)
+{
+    free(data);
+}
+
+
+/* runs the phases again from an event that is not the request's own */
+
+static void
+ngx_http_idempotency_resume(ngx_http_request_t *r)
+{
+    ngx_connection_t  *c;
+
+    c = r->connection;
+
+    r->write_event_handler = ngx_http_core_run_phases;
+
+    if (ngx_http_post_request(r, NULL) != NGX_OK) {
+        ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+        return;
+    }
+
+    ngx_http_run_posted_requests(c);
+}
+
+
+/* the claim reply said MISS: the request goes on to its content */
+
+void
+ngx_http_idempotency_claim_won(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx)
+{
+    ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED;
+    ctx->outcome = NGX_HTTP_IDEMPOTENCY_MISS;
+
+    /* an error_page before the claim is the road here, not a failure */
+    ctx->error_page = r->error_page;
+
+    ngx_http_idempotency_claim_redirected(r, ctx);
+    ngx_http_idempotency_renew_start(ctx);
+}
+
+
+/*
+ * The content handler of the location the claimed request is in now (the
+ * claiming one, or one an internal redirect, X-Accel-Redirect or a named
+ * location led to) is wrapped: see below.
+ */
+
+void
+ngx_http_idempotency_claim_redirected(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx)
+{
+    if (r->content_handler
+        && r->content_handler != ngx_http_idempotency_content_handler)
+    {
+        ctx->content_handler = r->content_handler;
+        r->content_handler = ngx_http_idempotency_content_handler;
+    }
+}
+
+
+/*
+ * The location's content handler (proxy_pass, fastcgi_pass, ...), run so
+ * that a client that goes away does not end the upstream exchange of a
+ * claimed request: the operation then completes and is recorded, and the
+ * client's retry gets it.  nginx stops an upstream on a broken client
+ * connection only through the event handlers ngx_http_upstream_init()
+ * installs unless ignore_client_abort is set, and again after the request
+ * body went out; so the request gets its own copy of the upstream
+ * configuration with ignore_client_abort on (nothing else differs, and
+ * nginx never compares the pointer), and the handlers are put back.
+ * Failed writes to the client are absorbed by the filters (client_gone).
+ */
+
+static ngx_int_t
+ngx_http_idempotency_content_handler(ngx_http_request_t *r)
+{
+    ngx_int_t                    rc;
+    ngx_http_event_handler_pt    read, write;
+    ngx_http_idempotency_ctx_t  *ctx;
+
+    ctx = ngx_http_idempotency_get_ctx(r);
+
+    if (ctx == NULL || ctx->content_handler == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    if (ctx->state == NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED
+        && r->connection->error
+        && !ngx_http_idempotency_upstream_reached(r))
+    {
+        /* gone before anything ran: released by the cleanup */
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "idempotency: client of key_hash=%s went away before "
+                      "the request ran, the claim is released",
+                      ngx_http_idempotency_key_hash(&ctx->rkey));
+        ctx->release = 1;
+        ngx_http_idempotency_stat_inc(NGX_HTTP_IDEMPOTENCY_STAT_NOT_RUN);
+        return NGX_HTTP_CLIENT_CLOSED_REQUEST;
+    }
+
+    read = r->read_event_handler;
+    write = r->write_event_handler;
+
+    rc = ctx->content_handler(r);
+
+    if (ctx->state == NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED) {
+        ngx_http_idempotency_finish_upstream(r, read, write);
+    }
+
+    return rc;
+}
+
+
+static void
+ngx_http_idempotency_finish_upstream(ngx_http_request_t *r,
+    ngx_http_event_handler_pt read, ngx_http_event_handler_pt write)
+{
+    ngx_http_upstream_t       *u;
+    ngx_http_upstream_conf_t  *conf;
+
+    u = r->upstream;
+
+    /* u->cleanup: the upstream was set up and is not finalized yet */
+
+    if (u == NULL || u->cleanup == NULL || u->conf->ignore_client_abort) {
+        return;
+    }
+
+    conf = ngx_palloc(r->pool, sizeof(ngx_http_upstream_conf_t));
+    if (conf == NULL) {
+        return;
+    }
+
+    ngx_memcpy(conf, u->conf, sizeof(ngx_http_upstream_conf_t));
+    conf->ignore_client_abort = 1;
+    u->conf = conf;
+
+    if (!u->store && !r->post_action) {
+        r->read_event_handler = read;
+        r->write_event_handler = write;
+    }
+}
+
+
+/*
+ * At the response header: a response nginx made after the upstream was
+ * sent the request and then failed (reset, timeout, invalid header: 502
+ * or 504) leaves the outcome unknown; other responses follow the status
+ * policy, and an error_page after the claim releases.
+ */
+
+void
+ngx_http_idempotency_claim_judge(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx)
+{
+    ngx_uint_t  redirected;
+
+    if (ngx_http_idempotency_upstream_failed(r, ctx)) {
+        ngx_http_idempotency_stat_inc(
+                              NGX_HTTP_IDEMPOTENCY_STAT_UPSTREAM_ERROR);
+
+        if (ctx->conf->on_upstream_error
+            == NGX_HTTP_IDEMPOTENCY_UPSTREAM_ERROR_RELEASE)
+        {
+            ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                          "idempotency: the upstream failed after it got "
+                          "the request of key_hash=%s, the claim is "
+                          "released (idempotency_on_upstream_error release)",
+                          ngx_http_idempotency_key_hash(&ctx->rkey));
+            ctx->release = 1;
+            return;
+        }
+
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "idempotency: the upstream failed after it got the "
+                      "request of key_hash=%s, the outcome is unknown and "
+                      "held for idempotency_ttl",
+                      ngx_http_idempotency_key_hash(&ctx->rkey));
+        ctx->hold = 1;
+        return;
+    }
+
+    redirected = (r->error_page && !ctx->error_page);
+
+    if (redirected
+        || !ngx_http_idempotency_status_storable(ctx->conf, ctx->status))
+    {
+        ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                       "idempotency: status %ui%s is not stored",
+                       ctx->status, redirected ? " (error_page)" : "");
+
+        ctx->release = 1;
+        ngx_http_idempotency_stat_inc(redirected
+                                      ? NGX_HTTP_IDEMPOTENCY_STAT_ERROR_PAGE
+                                      : NGX_HTTP_IDEMPOTENCY_STAT_NOT_STORABLE);
+    }
+}
+
+
+/* some upstream of this request was sent (part of) the request */
+
+static ngx_uint_t
+ngx_http_idempotency_upstream_reached(ngx_http_request_t *r)
+{
+    ngx_uint_t                  i;
+    ngx_http_upstream_state_t  *state;
+
+    if (r->upstream && r->upstream->request_sent) {
+        return 1;
+    }
+
+    if (r->upstream_states == NULL) {
+        return 0;
+    }
+
+    state = r->upstream_states->elts;
+
+    for (i = 0; i < r->upstream_states->nelts; i++) {
+        if (state[i].bytes_sent) {
+            return 1;
+        }
+    }
+
+    return 0;
+}
+
+
+/*
+ * A 502 or 504 that nginx made (r->err_status, or an error_page after the
+ * claim) for an upstream that was sent the request: its state says 502 or
+ * 504, and the upstream's own status line, if any, says something else.
+ */
+
+static ngx_uint_t
+ngx_http_idempotency_upstream_failed(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx)
+{
+    ngx_uint_t                  i, n;
+    ngx_http_upstream_state_t  *state;
+
+    if (r->err_status == 0 && !(r->error_page && !ctx->error_page)) {
+        return 0;
+    }
+
+    if (r->upstream_states == NULL) {
+        return 0;
+    }
+
+    state = r->upstream_states->elts;
+    n = r->upstream_states->nelts;
+
+    for (i = 0; i < n; i++) {
+
+        if (state[i].status != NGX_HTTP_BAD_GATEWAY
+            && state[i].status != NGX_HTTP_GATEWAY_TIME_OUT)
+        {
+            continue;
+        }
+
+        if (state[i].bytes_sent == 0
+            && !(i == n - 1 && r->upstream && r->upstream->request_sent))
+        {
+            continue;
+        }
+
+        if (i == n - 1 && r->upstream
+            && r->upstream->headers_in.status_n == state[i].status)
+        {
+            /* the upstream's own 502/504, e.g. proxy_intercept_errors */
+            continue;
+        }
+
+        return 1;
+    }
+
+    return 0;
+}
+
+
+/*
+ * While a claimed request runs, its claim is renewed every third of
+ * idempotency_lock_ttl: an upstream slower than the lock TTL never lets a
+ * retry run the operation a second time, and the lock TTL only bounds how
+ * long the claim of a request that died (worker crash) blocks retries.
+ */
+
+static void
+ngx_http_idempotency_renew_start(ngx_http_idempotency_ctx_t *ctx)
+{
+    ngx_event_t  *ev;
+
+    ev = &ctx->renew_timer;
+    ev->handler = ngx_http_idempotency_renew_handler;
+    ev->data = ctx;
+    ev->log = ctx->request->connection->log;
+
+    ngx_add_timer(ev, ngx_max(ctx->conf->lock_ttl / 3, 1));
+}
+
+
+static void
+ngx_http_idempotency_renew_handler(ngx_event_t *ev)
+{
+    ngx_str_t                    args[2];
+    u_char                       ttl[NGX_INT_T_LEN];
+    ngx_http_idempotency_ctx_t  *ctx;
+
+    ctx = ev->data;
+
+    if (ctx->state != NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED) {
+        return;
+    }
+
+    args[0] = ctx->inflight;
+    args[1].data = ttl;
+    args[1].len = ngx_sprintf(ttl, "%M", ctx->conf->lock_ttl) - ttl;
+
+    ngx_log_debug1(NGX_LOG_DEBUG_HTTP, ev->log, 0,
+                   "idempotency renew \"%V\"", &ctx->rkey);
+
+    /* the store step's deadline moves with the claim's expiry */
+
+    if (ngx_http_idempotency_redis_script(ctx->conf->redis,
+                                          NGX_HTTP_IDEMPOTENCY_SCRIPT_RENEW,
+                                          &ctx->rkey, args, 2,
+                                          ngx_http_idempotency_renew_done,
+                                          NULL, ev->log)
+        != NULL)
+    {
+        ctx->claimed = ngx_current_msec;
+    }
+
+    ngx_add_timer(ev, ngx_max(ctx->conf->lock_ttl / 3, 1));
+}
+
+
+/* no request here; data is the op's copy of the key */
+
+static void
+ngx_http_idempotency_renew_done(void *data, redisReply *reply, ngx_uint_t rc)
+{
+    ngx_str_t *key = data;
+
+    /*
+     * An error reply (NOPERM, OOM, ...) leaves the claim to expire at its
+     * old time; a connection failure is logged by the connection itself.
+     * The next renewal tries again either way.
+     */
+
+    if (rc == NGX_HTTP_IDEMPOTENCY_REDIS_OK
+        && reply->type == REDIS_REPLY_ERROR)
+    {
+        ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0,
+                      "idempotency: renewing the claim on key_hash=%s "
+                      "failed: %*s; if its request outlasts "
+                      "idempotency_lock_ttl, a retry may run the operation "
+                      "again", ngx_http_idempotency_key_hash(key),
+                      (size_t) reply->len, reply->str);
+        return;
+    }
+
+    if (rc == NGX_HTTP_IDEMPOTENCY_REDIS_OK
+        && reply->type == REDIS_REPLY_INTEGER && reply->integer == 0)
+    {
+        ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0,
+                      "idempotency: the claim on key_hash=%s was lost while "
+                      "its request was running (expired or removed in "
+                      "Redis); a retry may run the operation again",
+                      ngx_http_idempotency_key_hash(key));
+        ngx_http_idempotency_stat_inc(NGX_HTTP_IDEMPOTENCY_STAT_CLAIM_LOST);
+    }
+}
+
+
+/*
+ * Called when the response has gone through, and from the request's
+ * cleanup; it acts once, and every claim ends in exactly one of:
+ *
+ *   recorded   the complete response (or the over-size marker) is stored;
+ *   released   nothing ran, or the status policy says a retry runs again;
+ *   held       the outcome is unknown (the upstream failed after it got the
+ *              request, or the response ended before its end): an
+ *              "unknown" record, kept for idempotency_ttl, answers retries
+ *              with a problem and the operation never runs twice.
+ *
+ * Returns NGX_OK when a STORE or RELEASE was sent, whose reply the last
+ * buffer may wait for, NGX_DECLINED otherwise.
+ *
+ * STORE and RELEASE are retryable ops: if Redis cannot be reached, the
+ * adapter keeps the command (with its copy of the response) and sends it
+ * again once Redis is back, until the claim's lock TTL ends.  After that a
+ * store would be refused by the owner check anyway (the claim is gone or
+ * someone else's), so that is the op's deadline.  Running either script
+ * twice is harmless: a second STORE with the same owner writes the same
+ * record, a second RELEASE finds no claim of ours.
+ */
+
+ngx_int_t
+ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx)
+{
+    u_char                             *p;
+    ngx_str_t                           args[3];
+    ngx_uint_t                          script, nargs;
+    ngx_http_request_t                 *r;
+    ngx_http_idempotency_redis_op_t    *op;
+    ngx_http_idempotency_loc_conf_t    *ilcf;
+    u_char                              ttl[NGX_INT_T_LEN];
+    u_char                              head[NGX_HTTP_IDEMPOTENCY_HEAD_LEN];
+
+    if (ctx->renew_timer.timer_set) {
+        ngx_del_timer(&ctx->renew_timer);
+    }
+
+    if (ctx->state != NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED) {
+        return NGX_DECLINED;
+    }
+
+    ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_SETTLED;
+
+    r = ctx->request;
+    ilcf = ctx->conf;
+
+    if (!ctx->release && !ctx->hold && !ctx->complete) {
+
+        if (!ctx->header_seen && !ngx_http_idempotency_upstream_reached(r)) {
+            ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                           "idempotency: nothing ran for \"%V\", released",
+                           &ctx->rkey);
+            ngx_http_idempotency_stat_inc(NGX_HTTP_IDEMPOTENCY_STAT_NOT_RUN);
+            ctx->release = 1;
+
+        } else {
+            ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                          "idempotency: response of key_hash=%s did not "
+                          "complete, the outcome is unknown and held for "
+                          "idempotency_ttl",
+                          ngx_http_idempotency_key_hash(&ctx->rkey));
+            ngx_http_idempotency_stat_inc(
+                                   NGX_HTTP_IDEMPOTENCY_STAT_INCOMPLETE);
+            ctx->hold = 1;
+        }
+    }
+
+    /* the fence: the in-flight record this request's claim wrote */
+
+    args[0] = ctx->inflight;
+
+    if (ctx->release) {
+        script = NGX_HTTP_IDEMPOTENCY_SCRIPT_RELEASE;
+        nargs = 1;
+
+    } else if (ctx->hold) {
+        script = NGX_HTTP_IDEMPOTENCY_SCRIPT_STORE;
+        nargs = 3;
+
+        p = ngx_http_idempotency_record_write_head(head,
+                                 NGX_HTTP_IDEMPOTENCY_RECORD_UNKNOWN,
+                                 ctx->fingerprint, sizeof(ctx->fingerprint),
+                                 ctx->owner, sizeof(ctx->owner),
+                                 (unsigned long long) ctx->created,
+                                 (ctx->status >= 200 && ctx->status < 600)
+                                 ? (int) ctx->status : NGX_HTTP_BAD_GATEWAY);
+        *p++ = CR;
+        *p++ = LF;
+
+        args[1].data = head;
+        args[1].len = p - head;
+        args[2].data = ttl;
+        args[2].len = ngx_sprintf(ttl, "%M", ilcf->ttl) - ttl;
+
+    } else {
+        script = NGX_HTTP_IDEMPOTENCY_SCRIPT_STORE;
+        nargs = 3;
+        ngx_http_idempotency_stat_inc(ctx->oversize
+                                      ? NGX_HTTP_IDEMPOTENCY_STAT_TOO_LARGE
+                                      : NGX_HTTP_IDEMPOTENCY_STAT_STORED);
+
+        p = ngx_http_idempotency_record_write_head(head,
+                                 ctx->oversize
+                                 ? NGX_HTTP_IDEMPOTENCY_RECORD_OVERSIZE
+                                 : NGX_HTTP_IDEMPOTENCY_RECORD_DONE,
+                                 ctx->fingerprint, sizeof(ctx->fingerprint),
+                                 ctx->owner, sizeof(ctx->owner),
+                                 (unsigned long long) ctx->created,
+                                 ctx->status);
+        args[1].len = p - head;
+
+        if (ctx->oversize) {
+            *p++ = CR;
+            *p++ = LF;
+
+            args[1].data = head;
+            args[1].len += sizeof(CRLF) - 1;
+
+        } else {
+
+            /* the first line goes right in front of the header lines */
+
+            args[1].data = ctx->record + ctx->body_off - ctx->headers_len
+                           - (sizeof(CRLF) - 1) - args[1].len;
+            ngx_memcpy(args[1].data, head, args[1].len);
+
+            args[1].len += ctx->headers_len + sizeof(CRLF) - 1
+                           + ctx->body_len;
+        }
+
+        args[2].data = ttl;
+        args[2].len = ngx_sprintf(ttl, "%M", ilcf->ttl) - ttl;
+    }
+
+    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "idempotency %s \"%V\"",
+                   script == NGX_HTTP_IDEMPOTENCY_SCRIPT_RELEASE
+                   ? "release" : "store", &ctx->rkey);
+
+    op = ngx_http_idempotency_redis_script_retry(ilcf->redis, script,
+                                           &ctx->rkey, args, nargs,
+                                           ctx->claimed + ilcf->lock_ttl,
+                                           ngx_http_idempotency_settle_handler,
+                                           NULL, r->connection->log);
+    if (op == NULL) {
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "idempotency: cannot send or keep the %s of "
+                      "key_hash=%s (no memory, or the worker is exiting), "
+                      "the claim stays until idempotency_lock_ttl ends",
+                      script == NGX_HTTP_IDEMPOTENCY_SCRIPT_RELEASE
+                      ? "release" : "store",
+                      ngx_http_idempotency_key_hash(&ctx->rkey));
+        ngx_http_idempotency_stat_inc(ctx->release
+                                ? NGX_HTTP_IDEMPOTENCY_STAT_RELEASE_GIVEN_UP
+                                : NGX_HTTP_IDEMPOTENCY_STAT_STORE_GIVEN_UP);
+        return NGX_DECLINED;
+    }
+
+    return NGX_OK;
+}
+
+
+/*
+ * Read-after-complete: the last buffer of the response (the whole chain it
+ * came in) waits for the reply to the settle step, so that a client holding
+ * the complete response and retrying at once gets the replay (or, after a
+ * release, a fresh run), never a 409.  A bit in r->buffered keeps nginx
+ * from finishing the request meanwhile; the wait is bounded by the Redis
+ * timeout, after which the buffer goes anyway and the store goes on as a
+ * retryable op.
+ */
+
+ngx_int_t
+ngx_http_idempotency_settle_wait(ngx_http_idempotency_ctx_t *ctx,
+    ngx_chain_t *in)
+{
+    ngx_msec_t           timeout;
+    ngx_chain_t         *cl, **ll;
+    ngx_http_request_t  *r;
+
+    r = ctx->request;
+    ll = &ctx->held;
+
+    for ( /* void */ ; in; in = in->next) {
+        cl = ngx_alloc_chain_link(r->pool);
+        if (cl == NULL) {
+            return NGX_ERROR;
+        }
+
+        cl->buf = in->buf;
+        *ll = cl;
+        ll = &cl->next;
+    }
+
+    *ll = NULL;
+
+    if (ngx_http_idempotency_waiting.next == NULL) {
+        ngx_queue_init(&ngx_http_idempotency_waiting);
+    }
+
+    ngx_queue_insert_tail(&ngx_http_idempotency_waiting, &ctx->queue);
+    ctx->waiting = 1;
+
+    timeout = ctx->conf->redis->timeout;
+
+    ctx->held_timer.handler = ngx_http_idempotency_held_handler;
+    ctx->held_timer.data = ctx;
+    ctx->held_timer.log = r->connection->log;
+    ngx_add_timer(&ctx->held_timer, timeout ? timeout : 1000);
+
+    r->buffered |= NGX_HTTP_IDEMPOTENCY_BUFFERED;
+
+    ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "idempotency: last buffer of \"%V\" waits for Redis",
+                   &ctx->rkey);
+
+    return NGX_AGAIN;
+}
+
+
+static void
+ngx_http_idempotency_held_handler(ngx_event_t *ev)
+{
+    ngx_http_idempotency_ctx_t  *ctx;
+
+    ctx = ev->data;
+
+    ngx_log_error(NGX_LOG_INFO, ev->log, 0,
+                  "idempotency: no reply from Redis for the settle step of "
+                  "key_hash=%s in time, the response ends anyway",
+                  ngx_http_idempotency_key_hash(&ctx->rkey));
+
+    ngx_http_idempotency_wake(ctx);
+}
+
+
+/* the held buffer goes on: the request's writer passes it down */
+
+static void
+ngx_http_idempotency_wake(ngx_http_idempotency_ctx_t *ctx)
+{
+    ngx_http_request_t  *r;
+
+    if (!ctx->waiting) {
+        return;
+    }
+
+    ctx->waiting = 0;
+    ngx_queue_remove(&ctx->queue);
+
+    if (ctx->held_timer.timer_set) {
+        ngx_del_timer(&ctx->held_timer);
+    }
+
+    r = ctx->request;
+    r->buffered &= ~NGX_HTTP_IDEMPOTENCY_BUFFERED;
+
+    ngx_post_event(r->connection->write, &ngx_posted_events);
+}
+
+
+/* the first request of this worker waiting for a settle reply on key */
+
+static void
+ngx_http_idempotency_settled(ngx_str_t *key)
+{
+    ngx_queue_t                 *q;
+    ngx_http_idempotency_ctx_t  *ctx;
+
+    if (ngx_http_idempotency_waiting.next == NULL) {
+        return;
+    }
+
+    for (q = ngx_queue_head(&ngx_http_idempotency_waiting);
+         q != ngx_queue_sentinel(&ngx_http_idempotency_waiting);
+         q = ngx_queue_next(q))
+    {
+        ctx = ngx_queue_data(q, ngx_http_idempotency_ctx_t, queue);
+
+        if (ctx->rkey.len == key->len
+            && ngx_memcmp(ctx->rkey.data, key->data, key->len) == 0)
+        {
+            ngx_http_idempotency_wake(ctx);
+            return;
+        }
+    }
+}
+
+
+/*
+ * No request here: it may be long gone (and this runs at worker exit too);
+ * data is the op's own info, with its copy of the key.
+ */
+
+static void
+ngx_http_idempotency_settle_handler(void *data, redisReply *reply,
+    ngx_uint_t rc)
+{
+    ngx_http_idempotency_redis_info_t *info = data;
+
+    ngx_uint_t   release;
+    const char  *what;
+
+    release = (info->script == NGX_HTTP_IDEMPOTENCY_SCRIPT_RELEASE);
+    what = release ? "releasing the claim on" : "storing the response for";
+
+    ngx_http_idempotency_settled(&info->key);
+
+    if (rc != NGX_HTTP_IDEMPOTENCY_REDIS_OK) {
+
+        /* given up by the adapter: retried until the lock TTL, or not */
+
+        ngx_http_idempotency_stat_inc(release
+                                ? NGX_HTTP_IDEMPOTENCY_STAT_RELEASE_GIVEN_UP
+                                : NGX_HTTP_IDEMPOTENCY_STAT_STORE_GIVEN_UP);
+
+        if (release) {
+            ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0,
+                          "idempotency: gave up %s key_hash=%s (%s; "
+                          "attempts: %ui, last error: %s): a retry gets 409 "
+                          "until idempotency_lock_ttl ends, then runs",
+                          what, ngx_http_idempotency_key_hash(&info->key),
+                          info->reason ? info->reason : "failed",
+                          info->attempts, info->error ? info->error : "none");
+
+        } else {
+            ngx_log_error(NGX_LOG_ERR, ngx_cycle->log, 0,
+                          "idempotency: gave up %s key_hash=%s (%s; "
+                          "attempts: %ui, last error: %s): the response is "
+                          "lost; once idempotency_lock_ttl ends, a retry "
+                          "runs the operation again",
+                          what, ngx_http_idempotency_key_hash(&info->key),
+                          info->reason ? info->reason : "failed",
+                          info->attempts, info->error ? info->error : "none");
+        }
+
+    } else if (reply->type == REDIS_REPLY_ERROR) {
+        ngx_log_error(NGX_LOG_ERR, ngx_cycle->log, 0,
+                      "idempotency: Redis error while settling key_hash=%s: "
+                      "%*s", ngx_http_idempotency_key_hash(&info->key),
+                      (size_t) reply->len, reply->str);
+        ngx_http_idempotency_stat_inc(release
+                               ? NGX_HTTP_IDEMPOTENCY_STAT_RELEASE_REDIS_ERROR
+                               : NGX_HTTP_IDEMPOTENCY_STAT_STORE_REDIS_ERROR);
+
+    } else if (reply->type == REDIS_REPLY_INTEGER && reply->integer == 0) {
+
+        if (release) {
+            /* e.g. a resent RELEASE whose first copy did run */
+            ngx_log_error(NGX_LOG_INFO, ngx_cycle->log, 0,
+                          "idempotency: the claim on key_hash=%s was gone "
+                          "when it was released",
+                          ngx_http_idempotency_key_hash(&info->key));
+
+        } else {
+            ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0,
+                          "idempotency: the claim on key_hash=%s was lost "
+                          "(%s), the response was not stored",
+                          ngx_http_idempotency_key_hash(&info->key),
+                          info->parked
+                          ? "Redis was away: it restarted without "
+                            "persistence, or idempotency_lock_ttl ended"
+                          : "its idempotency_lock_ttl ended before the "
+                            "response");
+            ngx_http_idempotency_stat_inc(
+                                NGX_HTTP_IDEMPOTENCY_STAT_STORE_CLAIM_LOST);
+        }
+
+    } else if (info->parked) {
+        ngx_log_error(NGX_LOG_NOTICE, ngx_cycle->log, 0,
+                      "idempotency: %s key_hash=%s succeeded after a retry "
+                      "(attempts: %ui)", what,
+                      ngx_http_idempotency_key_hash(&info->key),
+                      info->attempts);
+    }
+}
+
+
+static void
+ngx_http_idempotency_cleanup(void *data)
+{
+    ngx_http_idempotency_ctx_t *ctx = data;
+
+    if (ctx->op) {
+        /* the claim was sent: it may be applied although nothing ran */
+        ngx_http_idempotency_redis_cancel(ctx->op);
+        ctx->op = NULL;
+        ngx_http_idempotency_abandon(ctx);
+
+    } else if (ctx->state == NGX_HTTP_IDEMPOTENCY_STATE_DECIDED
+               && ctx->redis_rc == NGX_HTTP_IDEMPOTENCY_REDIS_OK
+               && ctx->reply_kind == NGX_HTTP_IDEMPOTENCY_MISS)
+    {
+        /* won, but the request ended before it went on */
+        ngx_http_idempotency_abandon(ctx);
+    }
+
+    if (ctx->wait_timer.timer_set) {
+        ngx_del_timer(&ctx->wait_timer);
+        ngx_http_idempotency_waiters--;
+        ngx_http_idempotency_scope_wait_leave(
+            ctx->rkey.data + ctx->conf->redis->prefix.len);
+    }
+
+    if (ctx->waiting) {
+        ctx->waiting = 0;
+        ngx_queue_remove(&ctx->queue);
+    }
+
+    if (ctx->held_timer.timer_set) {
+        ngx_del_timer(&ctx->held_timer);
+    }
+
+    (void) ngx_http_idempotency_settle(ctx);
+}

@@ -1,0 +1,54 @@
+/*
+ * The claim's life cycle: claim, renew, settle (store, release or hold).
+ */
+
+#ifndef _NGX_HTTP_IDEMPOTENCY_CLAIM_H_INCLUDED_
+#define _NGX_HTTP_IDEMPOTENCY_CLAIM_H_INCLUDED_
+
+
+#include "ngx_http_idempotency_module.h"
+
+
+/* duplicates of this worker waiting for a timer now (idempotency_wait) */
+extern ngx_uint_t  ngx_http_idempotency_waiters;
+
+
+/* a new context, found again by get_ctx() after internal redirects */
+ngx_http_idempotency_ctx_t *ngx_http_idempotency_ctx_create(
+    ngx_http_request_t *r, ngx_http_idempotency_loc_conf_t *ilcf);
+
+/*
+ * Sends the claim (SET NX GET PX); the reply puts the context in
+ * STATE_DECIDED and runs the request's phases again.
+ */
+void ngx_http_idempotency_claim_send(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+
+/* the claim is ours: the request runs, and its claim is renewed */
+void ngx_http_idempotency_claim_won(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+
+/* a claimed request in a new location (internal redirect) */
+void ngx_http_idempotency_claim_redirected(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+
+/*
+ * At the response header: whether the claim is released (status policy,
+ * error_page after the claim) or held (upstream failed after it got the
+ * request); sets ctx->release or ctx->hold.
+ */
+void ngx_http_idempotency_claim_judge(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+
+/*
+ * Ends the claim once: store, release or hold, from what ctx says.
+ * NGX_OK: a Redis step was sent, whose reply settle_wait() can wait for.
+ */
+ngx_int_t ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx);
+
+/* holds the response's last buffers until that reply: NGX_AGAIN */
+ngx_int_t ngx_http_idempotency_settle_wait(ngx_http_idempotency_ctx_t *ctx,
+    ngx_chain_t *in);
+
+
+#endif /* _NGX_HTTP_IDEMPOTENCY_CLAIM_H_INCLUDED_ */
