@@ -44,8 +44,6 @@ static ngx_int_t ngx_http_idempotency_find_key(ngx_http_request_t *r,
 static ngx_int_t ngx_http_idempotency_record_key(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 static void ngx_http_idempotency_body_handler(ngx_http_request_t *r);
-static ngx_int_t ngx_http_idempotency_fingerprint(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx);
 static void ngx_http_idempotency_owner(ngx_http_idempotency_ctx_t *ctx);
 static void ngx_http_idempotency_claim(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
@@ -286,7 +284,11 @@ ngx_http_idempotency_start(ngx_http_request_t *r,
 
     ngx_http_idempotency_owner(ctx);
 
-    /* the fingerprint needs the whole body, wherever nginx keeps it */
+    /* the fingerprint needs the whole body: hashed as it is read (body.c) */
+
+    if (ngx_http_idempotency_body_start(r, ctx) != NGX_OK) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
 
     ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_READING_BODY;
 
@@ -414,96 +416,13 @@ ngx_http_idempotency_body_handler(ngx_http_request_t *r)
 
     r->write_event_handler = ngx_http_core_run_phases;
 
-    if (ngx_http_idempotency_fingerprint(r, ctx) != NGX_OK) {
+    if (ngx_http_idempotency_body_fingerprint(r, ctx) != NGX_OK) {
         ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_DONE;
         ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
         return;
     }
 
     ngx_http_idempotency_claim(r, ctx);
-}
-
-
-/* SHA-256 over method, request URI with arguments, and the body */
-
-static ngx_int_t
-ngx_http_idempotency_fingerprint(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx)
-{
-    off_t          offset;
-    ssize_t        n;
-    ngx_int_t      rc;
-    ngx_buf_t     *b;
-    ngx_chain_t   *cl;
-    EVP_MD_CTX    *md_ctx;
-    u_char         md[SHA256_DIGEST_LENGTH];
-    u_char         buf[4096];
-
-    /* the worker's context: this runs to its end without yielding */
-
-    md_ctx = ngx_http_idempotency_md_ctx;
-    if (md_ctx == NULL) {
-        return NGX_ERROR;
-    }
-
-    rc = NGX_ERROR;
-
-    if (EVP_DigestInit_ex(md_ctx, ngx_http_idempotency_md, NULL) != 1
-        || EVP_DigestUpdate(md_ctx, r->method_name.data, r->method_name.len)
-           != 1
-        || EVP_DigestUpdate(md_ctx, " ", 1) != 1
-        || EVP_DigestUpdate(md_ctx, r->unparsed_uri.data,
-                            r->unparsed_uri.len) != 1
-        || EVP_DigestUpdate(md_ctx, "\n", 1) != 1)
-    {
-        goto failed;
-    }
-
-    for (cl = r->request_body ? r->request_body->bufs : NULL;
-         cl;
-         cl = cl->next)
-    {
-        b = cl->buf;
-
-        if (!b->in_file) {
-            if (EVP_DigestUpdate(md_ctx, b->pos, b->last - b->pos) != 1) {
-                goto failed;
-            }
-
-            continue;
-        }
-
-        /* a body spooled to a temporary file */
-
-        for (offset = b->file_pos; offset < b->file_last; offset += n) {
-            n = ngx_read_file(b->file, buf,
-                              (size_t) ngx_min((off_t) sizeof(buf),
-                                               b->file_last - offset),
-                              offset);
-            if (n <= 0) {
-                ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                              "idempotency: cannot read the request body "
-                              "from \"%V\"", &b->file->name);
-                goto failed;
-            }
-
-            if (EVP_DigestUpdate(md_ctx, buf, n) != 1) {
-                goto failed;
-            }
-        }
-    }
-
-    if (EVP_DigestFinal_ex(md_ctx, md, NULL) != 1) {
-        goto failed;
-    }
-
-    ngx_hex_dump(ctx->fingerprint, md, SHA256_DIGEST_LENGTH);
-
-    rc = NGX_OK;
-
-failed:
-
-    return rc;
 }
 
 
