@@ -1,10 +1,13 @@
 /*
- * The request fingerprint, hashed as nginx reads the body: a request body
- * filter feeds every buffer to SHA-256 on its way to memory or to the
- * temporary file, so the body is never read back.
+ * Bodies: the request's, hashed for the fingerprint as nginx reads it (a
+ * request body filter feeds every buffer to SHA-256 on its way to memory or
+ * to the temporary file, so the body is never read back), and the stored
+ * body of a split record, fetched from Redis in slices for a replay.
  */
 
 #include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_record.h"
+#include "ngx_http_idempotency_stats.h"
 
 #include <stdlib.h>
 
@@ -27,6 +30,11 @@ static ngx_int_t ngx_http_idempotency_body_head(ngx_http_request_t *r,
     EVP_MD_CTX *md_ctx);
 static ngx_int_t ngx_http_idempotency_body_read_back(ngx_http_request_t *r,
     EVP_MD_CTX *md_ctx);
+
+
+static void ngx_http_idempotency_body_fetched(
+    ngx_http_idempotency_redis_fetch_t *f, ngx_uint_t rc);
+static void ngx_http_idempotency_body_free(void *data);
 
 
 static ngx_http_request_body_filter_pt   ngx_http_next_request_body_filter;
@@ -311,4 +319,118 @@ ngx_http_idempotency_body_read_back(ngx_http_request_t *r,
     }
 
     return NGX_OK;
+}
+
+
+/*
+ * A claim found a split record with our fingerprint: its head is in ctx
+ * (status, headers), the body is read now, then the request goes on as a
+ * HIT.  NGX_AGAIN: the fetch runs; NGX_ERROR: it cannot.
+ */
+
+ngx_int_t
+ngx_http_idempotency_body_fetch(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_http_idempotency_record_t *rec)
+{
+    off_t                                len;
+    ngx_pool_cleanup_t                  *cln;
+    ngx_http_idempotency_redis_fetch_t  *f;
+
+    len = ngx_atoof((u_char *) rec->body, rec->body_len);
+
+    if (len <= 0 || (size_t) len > NGX_MAX_SIZE_T_VALUE / 2) {
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "idempotency: the record key_hash=%s is corrupt "
+                      "(body length), not used",
+                      ngx_http_idempotency_key_hash(&ctx->rkey));
+        return NGX_ERROR;
+    }
+
+    f = ngx_pcalloc(r->pool, sizeof(ngx_http_idempotency_redis_fetch_t));
+    if (f == NULL) {
+        return NGX_ERROR;
+    }
+
+    f->key.data = ngx_pnalloc(r->pool, ctx->rkey.len + rec->owner_len + 8);
+    if (f->key.data == NULL) {
+        return NGX_ERROR;
+    }
+
+    if (ngx_http_idempotency_redis_body_key(&ctx->rkey, rec->owner,
+                                            rec->owner_len, &f->key)
+        != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    cln = ngx_pool_cleanup_add(r->pool, 0);
+    if (cln == NULL) {
+        return NGX_ERROR;
+    }
+
+    f->buf = ngx_alloc((size_t) len, r->connection->log);
+    if (f->buf == NULL) {
+        return NGX_ERROR;
+    }
+
+    cln->handler = ngx_http_idempotency_body_free;
+    cln->data = f->buf;
+
+    f->rcf = ctx->conf->redis;
+    f->len = (size_t) len;
+    f->opp = &ctx->op;
+    f->handler = ngx_http_idempotency_body_fetched;
+    f->data = ctx;
+    f->log = r->connection->log;
+
+    if (ngx_http_idempotency_redis_fetch(f) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    ctx->reply_body.data = f->buf;
+    ctx->reply_body.len = f->len;
+    ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_CLAIMING;
+
+    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "idempotency fetches the body of \"%V\", %uz bytes",
+                   &ctx->rkey, f->len);
+
+    return NGX_AGAIN;
+}
+
+
+static void
+ngx_http_idempotency_body_free(void *data)
+{
+    ngx_free(data);
+}
+
+
+static void
+ngx_http_idempotency_body_fetched(ngx_http_idempotency_redis_fetch_t *f,
+    ngx_uint_t rc)
+{
+    ngx_connection_t            *c;
+    ngx_http_request_t          *r;
+    ngx_http_idempotency_ctx_t  *ctx;
+
+    ctx = f->data;
+    r = ctx->request;
+    c = r->connection;
+
+    ctx->op = NULL;
+    ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_DECIDED;
+    ctx->redis_rc = rc;
+    ctx->reply_kind = NGX_HTTP_IDEMPOTENCY_HIT;
+
+    /* as the claim's reply does: the phases run again */
+
+    r->write_event_handler = ngx_http_core_run_phases;
+
+    if (ngx_http_post_request(r, NULL) != NGX_OK) {
+        ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+        return;
+    }
+
+    ngx_http_run_posted_requests(c);
 }

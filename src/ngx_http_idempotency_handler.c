@@ -534,6 +534,7 @@ ngx_http_idempotency_claim_handler(void *data, redisReply *reply,
 {
     ngx_http_idempotency_ctx_t *ctx = data;
 
+    ngx_int_t            n;
     ngx_http_request_t  *r;
 
     r = ctx->request;
@@ -542,10 +543,17 @@ ngx_http_idempotency_claim_handler(void *data, redisReply *reply,
     ctx->redis_rc = rc;
     ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_DECIDED;
 
-    if (rc == NGX_HTTP_IDEMPOTENCY_REDIS_OK
-        && ngx_http_idempotency_claim_reply(r, ctx, reply) != NGX_OK)
-    {
-        ctx->redis_rc = NGX_HTTP_IDEMPOTENCY_REDIS_ERROR;
+    if (rc == NGX_HTTP_IDEMPOTENCY_REDIS_OK) {
+        n = ngx_http_idempotency_claim_reply(r, ctx, reply);
+
+        if (n == NGX_AGAIN) {
+            /* a split record: its body is fetched first (body.c) */
+            return;
+        }
+
+        if (n != NGX_OK) {
+            ctx->redis_rc = NGX_HTTP_IDEMPOTENCY_REDIS_ERROR;
+        }
     }
 
     ngx_http_idempotency_resume(r);
@@ -666,6 +674,10 @@ ngx_http_idempotency_claim_record(ngx_http_request_t *r,
     ctx->reply_headers.len = rec.headers_len;
     ctx->reply_body.data = (u_char *) rec.body;
     ctx->reply_body.len = rec.body_len;
+
+    if (rec.state == NGX_HTTP_IDEMPOTENCY_RECORD_SPLIT) {
+        return ngx_http_idempotency_body_fetch(r, ctx, &rec);
+    }
 
     return NGX_OK;
 }

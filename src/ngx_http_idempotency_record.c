@@ -21,7 +21,8 @@ static const ngx_http_idempotency_record_word_t
     ngx_http_idempotency_record_states[] = {
     { "inflight", sizeof("inflight") - 1 },
     { "done", sizeof("done") - 1 },
-    { "oversize", sizeof("oversize") - 1 }
+    { "oversize", sizeof("oversize") - 1 },
+    { "split", sizeof("split") - 1 }
 };
 
 
@@ -101,7 +102,7 @@ ngx_http_idempotency_record_parse(const unsigned char *p, size_t len,
 
     rec->state = -1;
 
-    for (i = 0; i < 3; i++) {
+    for (i = 0; i < 4; i++) {
         k = ngx_http_idempotency_record_states[i].len;
 
         if ((size_t) (end - p) > k && p[k] == ' '

@@ -11,9 +11,15 @@
  *   \r\n
  *   <body bytes>
  *
- * state: inflight, done or oversize; fp: the request fingerprint (hex);
+ * state: inflight, done, oversize or split; fp: the request fingerprint
+ * (hex);
  * owner: the token of the request that claimed the key (hex); created: the
  * claim's Unix time; status: three digits, 000 while in flight.
+ *
+ * A "split" record is a done record whose body is too large to travel with
+ * every claim: its body part holds the body's length in decimal, and the
+ * body itself is a second string (see ngx_http_idempotency_redis_body_key),
+ * read only to replay it.
  */
 
 #ifndef _NGX_HTTP_IDEMPOTENCY_RECORD_H_INCLUDED_
@@ -26,6 +32,7 @@
 #define NGX_HTTP_IDEMPOTENCY_RECORD_INFLIGHT  0
 #define NGX_HTTP_IDEMPOTENCY_RECORD_DONE      1
 #define NGX_HTTP_IDEMPOTENCY_RECORD_OVERSIZE  2
+#define NGX_HTTP_IDEMPOTENCY_RECORD_SPLIT     3
 
 /* fingerprint and owner token: 1 .. this many hex digits */
 #define NGX_HTTP_IDEMPOTENCY_RECORD_TOKEN_MAX  128
@@ -44,7 +51,7 @@ typedef struct {
 
 
 /* a record as read: every pointer lies inside the bytes it was read from */
-typedef struct {
+typedef struct ngx_http_idempotency_record_s {
     int                   state;
     int                   status;      /* 100 .. 599, 0 while in flight */
     const unsigned char  *fp;
