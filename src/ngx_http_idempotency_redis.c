@@ -1387,7 +1387,16 @@ ngx_http_idempotency_redis_store_split(ngx_http_idempotency_redis_conf_t *rcf,
     ngx_http_idempotency_redis_node_t  *node;
     u_char                              bttl[NGX_INT_T_LEN];
 
-    if (args[1].len < NGX_HTTP_IDEMPOTENCY_REDIS_SPLIT_MIN
+    node = ngx_http_idempotency_redis_pick(rcf, key);
+
+    /*
+     * Without Redis now the record is kept whole for a retry (or given up
+     * at once when it is too large to keep), as any store
+     */
+
+    if (node == NULL
+        || node->state != NGX_HTTP_IDEMPOTENCY_REDIS_READY
+        || args[1].len < NGX_HTTP_IDEMPOTENCY_REDIS_SPLIT_MIN
         || ngx_http_idempotency_record_parse(args[1].data, args[1].len, &rec)
            != 0
         || rec.state != NGX_HTTP_IDEMPOTENCY_RECORD_DONE
@@ -1437,7 +1446,6 @@ ngx_http_idempotency_redis_store_split(ngx_http_idempotency_redis_conf_t *rcf,
     bargs[2].data = bttl;
     bargs[2].len = ngx_sprintf(bttl, "%i", ttl + 60000) - bttl;
 
-    node = ngx_http_idempotency_redis_pick(rcf, key);
     node = ngx_http_idempotency_redis_route(node, rec.body_len, 0);
 
     bop = ngx_http_idempotency_redis_retry_on(node,
