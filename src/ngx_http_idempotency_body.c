@@ -351,12 +351,15 @@ ngx_http_idempotency_body_fetch(ngx_http_request_t *r,
         return NGX_ERROR;
     }
 
-    f->key.data = ngx_pnalloc(r->pool, ctx->rkey.len + rec->owner_len + 8);
+    f->rcf = ctx->conf->redis;
+
+    f->key.data = ngx_pnalloc(r->pool, f->rcf->prefix.len + ctx->rkey.len
+                                       + rec->owner_len + 8);
     if (f->key.data == NULL) {
         return NGX_ERROR;
     }
 
-    if (ngx_http_idempotency_redis_body_key(&ctx->rkey, rec->owner,
+    if (ngx_http_idempotency_redis_body_key(f->rcf, &ctx->rkey, rec->owner,
                                             rec->owner_len, &f->key)
         != NGX_OK)
     {
@@ -376,7 +379,6 @@ ngx_http_idempotency_body_fetch(ngx_http_request_t *r,
     cln->handler = ngx_http_idempotency_body_free;
     cln->data = f->buf;
 
-    f->rcf = ctx->conf->redis;
     f->len = (size_t) len;
     f->opp = &ctx->op;
     f->handler = ngx_http_idempotency_body_fetched;

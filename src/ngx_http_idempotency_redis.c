@@ -1414,15 +1414,16 @@ ngx_http_idempotency_redis_store_split(ngx_http_idempotency_redis_conf_t *rcf,
 
     head_len = (rec.body - args[1].data) + 1 + NGX_SIZE_T_LEN;
 
-    mem = ngx_alloc(head_len + key->len + rec.owner_len + 8, log);
+    mem = ngx_alloc(head_len + rcf->prefix.len + key->len + rec.owner_len
+                    + 8, log);
     if (mem == NULL) {
         return NGX_DECLINED;
     }
 
     bkey.data = mem + head_len;
 
-    if (ngx_http_idempotency_redis_body_key(key, rec.owner, rec.owner_len,
-                                            &bkey)
+    if (ngx_http_idempotency_redis_body_key(rcf, key, rec.owner,
+                                            rec.owner_len, &bkey)
         != NGX_OK)
     {
         ngx_free(mem);
@@ -1493,8 +1494,8 @@ ngx_http_idempotency_redis_body_stored(void *data, redisReply *reply,
 
 
 ngx_int_t
-ngx_http_idempotency_redis_body_key(ngx_str_t *key, const u_char *owner,
-    size_t owner_len, ngx_str_t *out)
+ngx_http_idempotency_redis_body_key(ngx_http_idempotency_redis_conf_t *rcf,
+    ngx_str_t *key, const u_char *owner, size_t owner_len, ngx_str_t *out)
 {
     u_char  *p, *open, *close;
 
@@ -1506,6 +1507,7 @@ ngx_http_idempotency_redis_body_key(ngx_str_t *key, const u_char *owner,
     if (open == NULL
         && ngx_strlchr(key->data, key->data + key->len, '}') == NULL)
     {
+        p = ngx_cpymem(p, rcf->prefix.data, rcf->prefix.len);
         *p++ = '{';
         p = ngx_cpymem(p, key->data, key->len);
         *p++ = '}';

@@ -196,12 +196,14 @@ ngx_int_t ngx_http_idempotency_redis_fetch(
 
 /*
  * The key of a split record's body: "<key>:body:<owner>" when the key has
- * a hash tag, "{<key>}:body:<owner>" when it has no brace at all, so that
- * it is in the key's Redis Cluster slot either way.  NGX_DECLINED for a
- * key with braces but no hash tag (its record is never split).  out->data
- * needs key->len + owner_len + 8 bytes.
+ * a hash tag, "<prefix>{<key>}:body:<owner>" when it has no brace at all,
+ * so that it is in the key's Redis Cluster slot either way and starts with
+ * the prefix (ACL key patterns).  NGX_DECLINED for a key with braces but
+ * no hash tag (its record is never split).  out->data needs prefix, key
+ * and owner lengths plus 8 bytes.
  */
-ngx_int_t ngx_http_idempotency_redis_body_key(ngx_str_t *key,
+ngx_int_t ngx_http_idempotency_redis_body_key(
+    ngx_http_idempotency_redis_conf_t *rcf, ngx_str_t *key,
     const u_char *owner, size_t owner_len, ngx_str_t *out);
 
 /* the handler will not be called for this op; safe on any live op */

@@ -216,6 +216,7 @@ __DATA__
 === TEST 1: a 1 GiB upload: a GET loop on the worker waits no more than 50 ms longer than without the module, the claim keeps its connection
 --- http_config eval: $::HttpConfig
 --- config eval: $::Config
+--- log_level: info
 --- init
 main::large_upload();
 --- request

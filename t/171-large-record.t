@@ -242,6 +242,7 @@ __DATA__
 === TEST 1: a 60 MB record is stored and replayed while small requests on other keys all get their answer
 --- http_config eval: $::HttpConfig
 --- config eval: $::Config
+--- log_level: info
 --- init
 main::big_while_small();
 --- request
