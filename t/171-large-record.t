@@ -109,6 +109,40 @@ sub record_state {
     return $state // '';
 }
 
+# the Redis Cluster slot of a key (CRC16/XMODEM of its hash tag or of it)
+sub key_slot {
+    my ($key) = @_;
+    $key = $1 if $key =~ /\{([^}]+)\}/ && index($key, '{') == $-[0];
+    my $crc = 0;
+    for my $c (unpack 'C*', $key) {
+        $crc ^= $c << 8;
+        $crc = $crc & 0x8000 ? (($crc << 1) ^ 0x1021) & 0xffff
+                             : ($crc << 1) & 0xffff for 1 .. 8;
+    }
+    return $crc % 16384;
+}
+
+# a split record as redis-cli shows it: the head is small and names the
+# body's length; the body key, in the head's slot, outlives the head
+sub split_record {
+    my ($key, $size) = @_;
+    my $rkey = $ENV{TEST_NGINX_PREFIX} . Digest::SHA::sha256_hex('t')
+               . ":$key";
+    my $head = redis_cli('GET', $rkey);
+    my ($owner) = $head =~ /^idem1 split [0-9a-f]{64} ([0-9a-f]+) \d+ 200\r\n/;
+    my $bkey = "$ENV{TEST_NGINX_PREFIX}\{$rkey\}:body:" . ($owner // '');
+
+    Test::More::ok($owner, 'the head says "split"');
+    Test::More::like($head, qr/\r\n\r\n$size$/,
+                     'the head ends with the body length');
+    Test::More::is(redis_cli('STRLEN', $bkey), $size,
+                   'the body is a string of its own');
+    Test::More::is(key_slot($bkey), key_slot($rkey),
+                   'in the hash slot of the record');
+    Test::More::cmp_ok(redis_cli('PTTL', $bkey), '>', redis_cli('PTTL', $rkey),
+                       'and it outlives the head');
+}
+
 # a counter of INFO stats
 sub redis_stat {
     my ($name) = @_;
@@ -305,6 +339,7 @@ Content-Length: 20971520
 
 === TEST 5: mismatching duplicates never fetch the stored body
 --- init
+main::split_record('b20-1', 20 * 1024 * 1024);
 main::mismatch_egress();
 --- request
 POST /b20
