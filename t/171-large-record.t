@@ -25,6 +25,7 @@ $ENV{TEST_NGINX_REDIS_PORT} ||= 6379;
 $ENV{TEST_NGINX_PREFIX} ||= "t171-$$-" . time() . ":";
 
 our $Dir = File::Temp::tempdir('t171-XXXXXX', TMPDIR => 1, CLEANUP => 1);
+chmod 0755, $Dir;    # read by nginx workers that may not be root
 our $Size = 60 * 1024 * 1024;
 our ($Sha, $Over);
 
