@@ -54,6 +54,8 @@ MODDIR = "/usr/lib/nginx/modules"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 SIZES = {"1k": 1024, "64k": 64 * 1024, "1m": 1024 * 1024}
+# the "large records" section: stored and replayed beside small requests
+LARGE = {"10m": 10 * 1024 * 1024, "60m": 60 * 1024 * 1024}
 
 TARGETS = [
     # name, numerator, denominator, minimum ratio
@@ -464,6 +466,13 @@ def subject_conf(subject, opts, port):
             idempotency_max_response_size 2m;
             proxy_pass http://app;
         }
+        # the "large records" runs: 10 MB and 60 MB responses
+        location /large/ {
+            idempotency on;
+            idempotency_ttl 1h;
+            idempotency_max_response_size 100m;
+            proxy_pass http://app/orders/;
+        }
     }
 }
 """ % listen
@@ -811,6 +820,11 @@ class Bench:
         for name, size in SIZES.items():
             with open(os.path.join(html, name), "w") as f:
                 f.write(RESPONSES[name])
+        if o.large:
+            for name, size in LARGE.items():
+                with open(os.path.join(html, name), "wb") as f:
+                    for i in range(size // (1 << 20)):
+                        f.write((b"%08d" % i) * ((1 << 20) // 8))
         self.upstream = self.start(up, o.upstream_port)
 
     def procs(self, front, store):
@@ -1062,6 +1076,11 @@ class Bench:
                     rss.append(("after the 64 KiB / 1 MiB runs",
                                 self.requests_of("module"),
                                 self.worker_rss(ng)))
+                if o.large:
+                    self.large(ng, port)
+                    rss.append(("after the large records",
+                                self.requests_of("module"),
+                                self.worker_rss(ng)))
                 self.extra["rss"] = rss
             if subject == "plain" and o.sizes and first:
                 self.sizes(ng, port, "plain")
@@ -1098,6 +1117,81 @@ class Bench:
                 self.scenario(name, ng, port, path="/orders/" + size,
                               size=size, duration=max(3, o.duration // 2),
                               tag="%s@%s" % (name, size))
+
+    # --- large records beside small requests
+    def large(self, ng, port):
+        """p99 of small HITs while 10 MB and 60 MB records are stored and
+        replayed on the same workers, and what Redis sends for a duplicate
+        that does not replay (another body: 422) and for a replay."""
+        o = self.o
+        stop = threading.Event()
+        done = {"stored": 0, "replayed": 0, "bad": 0}
+
+        def replay_when_stored(conn, path, key, body=None):
+            # the client has the response before Redis has the record:
+            # 409 until the store is through
+            for _ in range(600):
+                st, _, got = post(conn, path, key, body)
+                if st != 409:
+                    return st, got
+                time.sleep(0.05)
+            return st, got
+
+        def big_loop():
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            n = 0
+            try:
+                while not stop.is_set():
+                    for name, size in LARGE.items():
+                        key = "large-%s-%d-%d" % (name, os.getpid(), n)
+                        n += 1
+                        for what in ("stored", "replayed"):
+                            st, body = replay_when_stored(conn,
+                                                          "/large/" + name,
+                                                          key)
+                            ok = st == 200 and len(body) == size
+                            done[what if ok else "bad"] += 1
+                            if stop.is_set():
+                                return
+            finally:
+                conn.close()
+
+        t = threading.Thread(target=big_loop, daemon=True)
+        t.start()
+        try:
+            res = self.scenario("hit", ng, port,
+                                duration=max(5, o.duration),
+                                connections=o.moderate_connections,
+                                tag="hit@large")
+        finally:
+            stop.set()
+            t.join(120)
+        out = {"p50": res["p50"], "p99": res["p99"], "rps": res["rps"],
+               "errors": res["errors"], "big": dict(done)}
+        # Redis output per duplicate and per replay of the 60 MB record
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        try:
+            key = "large-egress-%d" % os.getpid()
+            post(conn, "/large/60m", key)
+            replay_when_stored(conn, "/large/60m", key)
+
+            def egress(body, count):
+                b0 = int(self.r.info("stats")["total_net_output_bytes"])
+                sts = [post(conn, "/large/60m", key, body)[0]
+                       for _ in range(count)]
+                b1 = int(self.r.info("stats")["total_net_output_bytes"])
+                return (b1 - b0) / count, sts
+            out["dup_bytes"], sts = egress(b'{"other":"body"}', 5)
+            out["dup_status"] = sorted(set(sts))
+            out["replay_bytes"], sts = egress(None, 2)
+            out["replay_status"] = sorted(set(sts))
+        finally:
+            conn.close()
+        log("  large records: p99 %.2f ms of small HITs, %s; Redis output "
+            "%.0f B per 422 duplicate, %.1f MB per replay"
+            % (out["p99"] / 1000, out["big"], out["dup_bytes"],
+               out["replay_bytes"] / 1e6))
+        self.extra["large"] = out
 
     # --- soak: RSS over many requests
     def soak(self):
@@ -1348,6 +1442,32 @@ def report(b, opts):
         w("Requests: measured runs only (warm-ups and pre-stores add a few "
           "per cent).")
         w("")
+    large = b.extra.get("large")
+    if large:
+        w("## Large records (10 MB and 60 MB stored and replayed meanwhile)")
+        w("")
+        hit = R.get("hit@moderate") or R.get("hit")
+        w("| measure | value |")
+        w("|---|---:|")
+        w("| small HITs at %d connections beside them: req/s | %.0f |"
+          % (opts.moderate_connections, large["rps"]))
+        w("| ... p50 / p99 ms | %s / %s |" % (fmt_ms(large["p50"]),
+                                             fmt_ms(large["p99"])))
+        if hit:
+            w("| p99 ms of the same HITs without large records (%s) | %s |"
+              % ("hit@moderate" if R.get("hit@moderate") else "hit",
+                 fmt_ms(hit["p99"])))
+        w("| errors of the small requests | %d |" % large["errors"])
+        w("| large records stored / replayed / wrong meanwhile | %d / %d / "
+          "%d |" % (large["big"]["stored"], large["big"]["replayed"],
+                    large["big"]["bad"]))
+        w("| Redis output per duplicate with another body (%s) | %.0f B |"
+          % ("/".join(map(str, large["dup_status"])), large["dup_bytes"]))
+        w("| Redis output per replay of the 60 MB record (%s) | %.1f MB |"
+          % ("/".join(map(str, large["replay_status"])),
+             large["replay_bytes"] / 1e6))
+        w("")
+
     soak = b.extra.get("soak")
     if soak:
         w("## Soak: module worker RSS over %d requests" % soak["requests"])
@@ -1598,6 +1718,9 @@ def main():
                     + ",".join(ORDER))
     ap.add_argument("--quick", action="store_true",
                     help="3 s per scenario, 1 s warm-up")
+    ap.add_argument("--no-large", dest="large", action="store_false",
+                    help="skip the large records section (10 MB and 60 MB "
+                    "records stored and replayed beside small requests)")
     ap.add_argument("--no-sizes", dest="sizes", action="store_false",
                     help="skip the 64 KiB / 1 MiB scaling runs")
     ap.add_argument("--sizes", dest="size_list", default="1k,64k,1m",

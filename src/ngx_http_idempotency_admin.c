@@ -27,6 +27,7 @@ typedef struct {
     u_char                               key_hash[
                                              NGX_HTTP_IDEMPOTENCY_KEY_HASH_LEN];
     ngx_uint_t                           purge;
+    ngx_uint_t                           split;   /* body in a second key */
 } ngx_http_idempotency_admin_ctx_t;
 
 
@@ -468,6 +469,12 @@ ngx_http_idempotency_admin_inspected(ngx_http_request_t *r,
                 state = "unknown";
                 break;
 
+            case NGX_HTTP_IDEMPOTENCY_RECORD_SPLIT:
+                /* a done record whose body is kept in a second key */
+                state = "done";
+                ctx->split = 1;
+                break;
+
             default:
                 state = "done";
                 break;
@@ -539,7 +546,8 @@ ngx_http_idempotency_admin_json(ngx_http_request_t *r,
           + ngx_escape_json(NULL, ctx->key.data, ctx->key.len)
           + ctx->rkey.len
           + ngx_escape_json(NULL, ctx->rkey.data, ctx->rkey.len)
-          + rec->created_len + rec->fp_len;
+          + rec->created_len + rec->fp_len
+          + sizeof("  \"split\": true,\n");
 
     b = ngx_create_temp_buf(r->pool, len);
     if (b == NULL) {
@@ -560,6 +568,11 @@ ngx_http_idempotency_admin_json(ngx_http_request_t *r,
                           "  \"state\": \"%s\",\n",
                           (size_t) NGX_HTTP_IDEMPOTENCY_KEY_HASH_LEN,
                           ctx->key_hash, state);
+
+    if (ctx->split) {
+        b->last = ngx_cpymem(b->last, "  \"split\": true,\n",
+                             sizeof("  \"split\": true,\n") - 1);
+    }
 
     if (rec->status) {
         b->last = ngx_sprintf(b->last, "  \"status\": %d,\n", rec->status);

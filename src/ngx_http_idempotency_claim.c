@@ -182,6 +182,7 @@ ngx_http_idempotency_claim_handler(void *data, redisReply *reply,
 {
     ngx_http_idempotency_ctx_t *ctx = data;
 
+    ngx_int_t            n;
     ngx_http_request_t  *r;
 
     r = ctx->request;
@@ -200,8 +201,17 @@ ngx_http_idempotency_claim_handler(void *data, redisReply *reply,
 
         ngx_http_idempotency_abandon(ctx);
 
-    } else if (ngx_http_idempotency_claim_reply(r, ctx, reply) != NGX_OK) {
-        ctx->redis_rc = NGX_HTTP_IDEMPOTENCY_REDIS_ERROR;
+    } else {
+        n = ngx_http_idempotency_claim_reply(r, ctx, reply);
+
+        if (n == NGX_AGAIN) {
+            /* a split record: its body is fetched first (body.c) */
+            return;
+        }
+
+        if (n != NGX_OK) {
+            ctx->redis_rc = NGX_HTTP_IDEMPOTENCY_REDIS_ERROR;
+        }
     }
 
     ngx_http_idempotency_resume(r);
@@ -340,11 +350,14 @@ ngx_http_idempotency_claim_record(ngx_http_request_t *r,
         ctx->reply_kind = NGX_HTTP_IDEMPOTENCY_UNKNOWN;
         return NGX_OK;
 
-    default: /* NGX_HTTP_IDEMPOTENCY_RECORD_DONE */
+    default: /* NGX_HTTP_IDEMPOTENCY_RECORD_DONE or _SPLIT */
         break;
     }
 
-    /* never a response from a record the module could not have written */
+    /*
+     * never a response from a record the module could not have written;
+     * a split record's head is checked before its body is fetched
+     */
 
     if (ngx_http_idempotency_record_validate(&rec, &reason) != 0) {
         ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
@@ -371,6 +384,10 @@ ngx_http_idempotency_claim_record(ngx_http_request_t *r,
     ctx->reply_headers.len = rec.headers_len;
     ctx->reply_body.data = (u_char *) rec.body;
     ctx->reply_body.len = rec.body_len;
+
+    if (rec.state == NGX_HTTP_IDEMPOTENCY_RECORD_SPLIT) {
+        return ngx_http_idempotency_body_fetch(r, ctx, &rec);
+    }
 
     return NGX_OK;
 }
@@ -1141,10 +1158,17 @@ ngx_http_idempotency_cleanup(void *data)
     ngx_http_idempotency_ctx_t *ctx = data;
 
     if (ctx->op) {
-        /* the claim was sent: it may be applied although nothing ran */
         ngx_http_idempotency_redis_cancel(ctx->op);
         ctx->op = NULL;
-        ngx_http_idempotency_abandon(ctx);
+
+        /*
+         * the claim was sent: it may be applied although nothing ran; a
+         * HIT whose split body was being fetched claimed nothing
+         */
+
+        if (ctx->reply_kind != NGX_HTTP_IDEMPOTENCY_HIT) {
+            ngx_http_idempotency_abandon(ctx);
+        }
 
     } else if (ctx->state == NGX_HTTP_IDEMPOTENCY_STATE_DECIDED
                && ctx->redis_rc == NGX_HTTP_IDEMPOTENCY_REDIS_OK

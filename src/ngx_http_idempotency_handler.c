@@ -3,10 +3,6 @@
  * content handler (MISS), replay (HIT) or answer with a problem.
  */
 
-#include <openssl/evp.h>
-#include <openssl/rand.h>
-#include <openssl/sha.h>
-
 #include "ngx_http_idempotency_module.h"
 #include "ngx_http_idempotency_claim.h"
 #include "ngx_http_idempotency_key.h"
@@ -16,22 +12,17 @@
 
 #include <stdlib.h>
 
+#include <openssl/rand.h>
+
 
 #define NGX_HTTP_IDEMPOTENCY_WAIT_STEP_MIN  20
 #define NGX_HTTP_IDEMPOTENCY_WAIT_STEP_MAX  500
 
 
 /*
- * Per worker: SHA-256 fetched once (OpenSSL 3 looks an implicit
- * EVP_sha256() up in its provider tables, under locks, on every
- * EVP_DigestInit_ex()), one digest context reset for each use, and the
- * owner token's parts: see ngx_http_idempotency_owner().
+ * Per worker: the owner token's parts, see ngx_http_idempotency_owner()
+ * (the fingerprint's SHA-256 is body.c's, the scope's scope.c's)
  */
-static const EVP_MD  *ngx_http_idempotency_md;
-#if (OPENSSL_VERSION_NUMBER >= 0x30000000L)
-static EVP_MD        *ngx_http_idempotency_md_fetched;
-#endif
-static EVP_MD_CTX    *ngx_http_idempotency_md_ctx;
 static u_char         ngx_http_idempotency_owner_seed[8];
 static uint64_t       ngx_http_idempotency_owner_count;
 
@@ -43,8 +34,6 @@ static ngx_int_t ngx_http_idempotency_find_key(ngx_http_request_t *r,
 static ngx_int_t ngx_http_idempotency_record_key(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 static void ngx_http_idempotency_body_handler(ngx_http_request_t *r);
-static ngx_int_t ngx_http_idempotency_fingerprint(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx);
 static void ngx_http_idempotency_owner(ngx_http_idempotency_ctx_t *ctx);
 static ngx_int_t ngx_http_idempotency_decide(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
@@ -70,23 +59,6 @@ ngx_http_idempotency_handler_init_process(ngx_cycle_t *cycle)
         return NGX_OK;
     }
 
-#if (OPENSSL_VERSION_NUMBER >= 0x30000000L)
-    ngx_http_idempotency_md_fetched = EVP_MD_fetch(NULL, "SHA256", NULL);
-    ngx_http_idempotency_md = ngx_http_idempotency_md_fetched;
-#else
-    ngx_http_idempotency_md = EVP_sha256();
-#endif
-
-    ngx_http_idempotency_md_ctx = EVP_MD_CTX_new();
-
-    if (ngx_http_idempotency_md == NULL
-        || ngx_http_idempotency_md_ctx == NULL)
-    {
-        ngx_log_error(NGX_LOG_EMERG, cycle->log, 0,
-                      "idempotency: cannot set up SHA-256 in OpenSSL");
-        return NGX_ERROR;
-    }
-
     if (RAND_bytes(ngx_http_idempotency_owner_seed,
                    sizeof(ngx_http_idempotency_owner_seed))
         != 1)
@@ -106,20 +78,6 @@ void
 ngx_http_idempotency_handler_exit_process(ngx_cycle_t *cycle)
 {
     (void) cycle;
-
-    if (ngx_http_idempotency_md_ctx) {
-        EVP_MD_CTX_free(ngx_http_idempotency_md_ctx);
-        ngx_http_idempotency_md_ctx = NULL;
-    }
-
-#if (OPENSSL_VERSION_NUMBER >= 0x30000000L)
-    if (ngx_http_idempotency_md_fetched) {
-        EVP_MD_free(ngx_http_idempotency_md_fetched);
-        ngx_http_idempotency_md_fetched = NULL;
-    }
-#endif
-
-    ngx_http_idempotency_md = NULL;
 }
 
 
@@ -170,8 +128,6 @@ ngx_http_idempotency_handler(ngx_http_request_t *r)
 
     return ngx_http_idempotency_start(r, ilcf);
 }
-
-
 
 
 static ngx_int_t
@@ -240,7 +196,11 @@ ngx_http_idempotency_start(ngx_http_request_t *r,
 
     ngx_http_idempotency_owner(ctx);
 
-    /* the fingerprint needs the whole body, wherever nginx keeps it */
+    /* the fingerprint needs the whole body: hashed as it is read (body.c) */
+
+    if (ngx_http_idempotency_body_start(r, ctx) != NGX_OK) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
 
     ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_READING_BODY;
 
@@ -368,96 +328,13 @@ ngx_http_idempotency_body_handler(ngx_http_request_t *r)
 
     r->write_event_handler = ngx_http_core_run_phases;
 
-    if (ngx_http_idempotency_fingerprint(r, ctx) != NGX_OK) {
+    if (ngx_http_idempotency_body_fingerprint(r, ctx) != NGX_OK) {
         ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_DONE;
         ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
         return;
     }
 
     ngx_http_idempotency_claim_send(r, ctx);
-}
-
-
-/* SHA-256 over method, request URI with arguments, and the body */
-
-static ngx_int_t
-ngx_http_idempotency_fingerprint(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx)
-{
-    off_t          offset;
-    ssize_t        n;
-    ngx_int_t      rc;
-    ngx_buf_t     *b;
-    ngx_chain_t   *cl;
-    EVP_MD_CTX    *md_ctx;
-    u_char         md[SHA256_DIGEST_LENGTH];
-    u_char         buf[4096];
-
-    /* the worker's context: this runs to its end without yielding */
-
-    md_ctx = ngx_http_idempotency_md_ctx;
-    if (md_ctx == NULL) {
-        return NGX_ERROR;
-    }
-
-    rc = NGX_ERROR;
-
-    if (EVP_DigestInit_ex(md_ctx, ngx_http_idempotency_md, NULL) != 1
-        || EVP_DigestUpdate(md_ctx, r->method_name.data, r->method_name.len)
-           != 1
-        || EVP_DigestUpdate(md_ctx, " ", 1) != 1
-        || EVP_DigestUpdate(md_ctx, r->unparsed_uri.data,
-                            r->unparsed_uri.len) != 1
-        || EVP_DigestUpdate(md_ctx, "\n", 1) != 1)
-    {
-        goto failed;
-    }
-
-    for (cl = r->request_body ? r->request_body->bufs : NULL;
-         cl;
-         cl = cl->next)
-    {
-        b = cl->buf;
-
-        if (!b->in_file) {
-            if (EVP_DigestUpdate(md_ctx, b->pos, b->last - b->pos) != 1) {
-                goto failed;
-            }
-
-            continue;
-        }
-
-        /* a body spooled to a temporary file */
-
-        for (offset = b->file_pos; offset < b->file_last; offset += n) {
-            n = ngx_read_file(b->file, buf,
-                              (size_t) ngx_min((off_t) sizeof(buf),
-                                               b->file_last - offset),
-                              offset);
-            if (n <= 0) {
-                ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                              "idempotency: cannot read the request body "
-                              "from \"%V\"", &b->file->name);
-                goto failed;
-            }
-
-            if (EVP_DigestUpdate(md_ctx, buf, n) != 1) {
-                goto failed;
-            }
-        }
-    }
-
-    if (EVP_DigestFinal_ex(md_ctx, md, NULL) != 1) {
-        goto failed;
-    }
-
-    ngx_hex_dump(ctx->fingerprint, md, SHA256_DIGEST_LENGTH);
-
-    rc = NGX_OK;
-
-failed:
-
-    return rc;
 }
 
 
@@ -503,18 +380,6 @@ ngx_http_idempotency_owner(ngx_http_idempotency_ctx_t *ctx)
 
     ngx_hex_dump(ctx->owner, raw, sizeof(raw));
 }
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 static ngx_int_t

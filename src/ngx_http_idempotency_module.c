@@ -330,6 +330,10 @@ ngx_http_idempotency_init(ngx_conf_t *cf)
         return NGX_ERROR;
     }
 
+    if (ngx_http_idempotency_body_init(cf) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
     return ngx_http_idempotency_filter_init(cf);
 }
 
@@ -538,6 +542,7 @@ ngx_http_idempotency_exit_process(ngx_cycle_t *cycle)
     ngx_http_idempotency_redis_exit_process(cycle);
     ngx_http_idempotency_handler_exit_process(cycle);
     ngx_http_idempotency_scope_exit_process(cycle);
+    ngx_http_idempotency_body_exit_process(cycle);
 }
 
 

@@ -142,6 +142,9 @@ typedef struct {
     ngx_str_t                            reply_headers;
     ngx_str_t                            reply_body;
 
+    /* the fingerprint's digest while the body is read (body.c) */
+    void                                *body;
+
     /*
      * capture, straight into the record to store: room for its first line,
      * the header lines and "\r\n" (body_off bytes), then the body
@@ -182,6 +185,16 @@ ngx_int_t ngx_http_idempotency_handler(ngx_http_request_t *r);
 ngx_int_t ngx_http_idempotency_handler_init_process(ngx_cycle_t *cycle);
 void ngx_http_idempotency_handler_exit_process(ngx_cycle_t *cycle);
 ngx_int_t ngx_http_idempotency_filter_init(ngx_conf_t *cf);
+ngx_int_t ngx_http_idempotency_body_init(ngx_conf_t *cf);
+void ngx_http_idempotency_body_exit_process(ngx_cycle_t *cycle);
+ngx_int_t ngx_http_idempotency_body_start(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+ngx_int_t ngx_http_idempotency_body_fingerprint(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+struct ngx_http_idempotency_record_s;
+ngx_int_t ngx_http_idempotency_body_fetch(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx,
+    struct ngx_http_idempotency_record_s *rec);
 ngx_int_t ngx_http_idempotency_add_variables(ngx_conf_t *cf);
 ngx_http_idempotency_outcome_e ngx_http_idempotency_request_outcome(
     ngx_http_request_t *r);

@@ -22,8 +22,13 @@ static const ngx_http_idempotency_record_word_t
     { "inflight", sizeof("inflight") - 1 },
     { "done", sizeof("done") - 1 },
     { "oversize", sizeof("oversize") - 1 },
-    { "unknown", sizeof("unknown") - 1 }
+    { "unknown", sizeof("unknown") - 1 },
+    { "split", sizeof("split") - 1 }
 };
+
+#define NGX_HTTP_IDEMPOTENCY_RECORD_NSTATES                                   \
+    (int) (sizeof(ngx_http_idempotency_record_states)                         \
+           / sizeof(ngx_http_idempotency_record_states[0]))
 
 
 /*
@@ -125,7 +130,7 @@ ngx_http_idempotency_record_parse(const unsigned char *p, size_t len,
 
     rec->state = -1;
 
-    for (i = 0; i < 4; i++) {
+    for (i = 0; i < NGX_HTTP_IDEMPOTENCY_RECORD_NSTATES; i++) {
         k = ngx_http_idempotency_record_states[i].len;
 
         if ((size_t) (end - p) > k && p[k] == ' '

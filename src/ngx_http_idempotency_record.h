@@ -11,11 +11,16 @@
  *   \r\n
  *   <body bytes>
  *
- * state: inflight, done, oversize or unknown (the request was passed on
- * but its outcome is not known: held, never run again); fp: the request
- * fingerprint (hex); owner: the token of the request that claimed the key
- * (hex); created: the claim's Unix time; status: three digits, 000 while
- * in flight.
+ * state: inflight, done, oversize, unknown (the request was passed on
+ * but its outcome is not known: held, never run again) or split; fp: the
+ * request fingerprint (hex); owner: the token of the request that claimed
+ * the key (hex); created: the claim's Unix time; status: three digits, 000
+ * while in flight.
+ *
+ * A "split" record is a done record whose body is too large to travel with
+ * every claim: its body part holds the body's length in decimal, and the
+ * body itself is a second string (see ngx_http_idempotency_redis_body_key),
+ * read only to replay it.
  */
 
 #ifndef _NGX_HTTP_IDEMPOTENCY_RECORD_H_INCLUDED_
@@ -29,6 +34,7 @@
 #define NGX_HTTP_IDEMPOTENCY_RECORD_DONE      1
 #define NGX_HTTP_IDEMPOTENCY_RECORD_OVERSIZE  2
 #define NGX_HTTP_IDEMPOTENCY_RECORD_UNKNOWN   3
+#define NGX_HTTP_IDEMPOTENCY_RECORD_SPLIT     4
 
 /* fingerprint and owner token: 1 .. this many hex digits */
 #define NGX_HTTP_IDEMPOTENCY_RECORD_TOKEN_MAX  128
@@ -47,7 +53,7 @@ typedef struct {
 
 
 /* a record as read: every pointer lies inside the bytes it was read from */
-typedef struct {
+typedef struct ngx_http_idempotency_record_s {
     int                   state;
     int                   status;      /* 200 .. 599, 0 while in flight */
     const unsigned char  *fp;

@@ -9,8 +9,10 @@
 #include <ngx_http.h>
 
 #include <openssl/sha.h>
+#include <hiredis/sds.h>
 
 #include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_record.h"
 #include "ngx_http_idempotency_sentinel.h"
 #include "ngx_http_idempotency_cluster.h"
 #include "ngx_http_idempotency_scripts.h"
@@ -56,6 +58,25 @@
 #define NGX_HTTP_IDEMPOTENCY_REDIS_PARKED_MAX    (64 * 1024 * 1024)
 #endif
 
+/*
+ * Commands of at least this many bytes (the store of a large response) go
+ * on a second connection of the worker to the same Redis, made when one is
+ * first needed ("bulk"): writing them, and Redis reading them, must not
+ * hold up the claims of other requests, whose replies would queue behind
+ * them on a shared pipeline.  Redis Cluster and Sentinel keep one
+ * connection per node.
+ */
+#ifndef NGX_HTTP_IDEMPOTENCY_REDIS_BULK_MIN
+#define NGX_HTTP_IDEMPOTENCY_REDIS_BULK_MIN      (256 * 1024)
+#endif
+
+/*
+ * A command's reply is due within timeout= plus the time to move every
+ * byte queued on its connection up to and including it at this rate: a
+ * 60 MB store is not judged by the 1 s meant for a claim.
+ */
+#define NGX_HTTP_IDEMPOTENCY_REDIS_BULK_RATE     (8 * 1024 * 1024)
+
 
 typedef enum {
     NGX_HTTP_IDEMPOTENCY_REDIS_IDLE = 0,      /* no context, maybe backoff */
@@ -70,6 +91,7 @@ typedef struct {
     const char                          *text;
     size_t                               len;
     u_char                               sha[SHA_DIGEST_LENGTH * 2];
+    const char                          *native;   /* without text */
 } ngx_http_idempotency_redis_script_t;
 
 
@@ -84,6 +106,10 @@ struct ngx_http_idempotency_redis_node_s {
     ngx_http_idempotency_redis_state_e   state;
     ngx_uint_t                           handshake; /* replies still due */
     ngx_uint_t                           pending;  /* ops hiredis holds */
+    size_t                               queued;   /* their bytes */
+    ngx_msec_t                           last_read; /* reply bytes came */
+    uint64_t                             queued_seq; /* ops handed over */
+    uint64_t                             flushed_seq; /* ops written */
 
     ngx_uint_t                           failures; /* in a row */
     ngx_msec_t                           backoff;
@@ -100,6 +126,7 @@ struct ngx_http_idempotency_redis_node_s {
 
     unsigned                             exiting:1;
     unsigned                             drained:1; /* notice due */
+    unsigned                             bulk:1;   /* rcf->bulk */
 };
 
 
@@ -131,6 +158,8 @@ struct ngx_http_idempotency_redis_op_s {
     ngx_http_idempotency_redis_info_t    info;     /* key inside the tail */
     ngx_msec_t                           deadline; /* retryable ops */
     size_t                               size;     /* the whole allocation */
+    size_t                               wire;     /* bytes sent, SENT */
+    uint64_t                             seq;      /* node->queued_seq */
     uint64_t                             sent;     /* for the latency */
 
     ngx_uint_t                           nargs;
@@ -196,6 +225,24 @@ static void ngx_http_idempotency_redis_handshake_step(
     ngx_http_idempotency_redis_node_t *node);
 static void ngx_http_idempotency_redis_op_reply(redisAsyncContext *ac,
     void *r, void *privdata);
+static ngx_http_idempotency_redis_node_t *ngx_http_idempotency_redis_route(
+    ngx_http_idempotency_redis_node_t *node, size_t size, ngx_uint_t ready);
+static size_t ngx_http_idempotency_redis_args_size(ngx_str_t *args,
+    ngx_uint_t nargs);
+static ngx_int_t ngx_http_idempotency_redis_store_split(
+    ngx_http_idempotency_redis_conf_t *rcf, ngx_str_t *key, ngx_str_t *args,
+    ngx_msec_t deadline, ngx_http_idempotency_redis_pt handler, void *data,
+    ngx_log_t *log, ngx_http_idempotency_redis_op_t **opp);
+static ngx_http_idempotency_redis_op_t *ngx_http_idempotency_redis_retry_on(
+    ngx_http_idempotency_redis_node_t *node, ngx_uint_t script,
+    ngx_str_t *key, ngx_str_t *args, ngx_uint_t nargs, ngx_msec_t deadline,
+    ngx_http_idempotency_redis_pt handler, void *data, ngx_log_t *log);
+static void ngx_http_idempotency_redis_body_stored(void *data,
+    redisReply *reply, ngx_uint_t rc);
+static void ngx_http_idempotency_redis_fetch_reply(void *data,
+    redisReply *reply, ngx_uint_t rc);
+static void ngx_http_idempotency_redis_op_timer(
+    ngx_http_idempotency_redis_op_t *op, size_t len);
 static ngx_http_idempotency_redis_node_t *ngx_http_idempotency_redis_pick(
     ngx_http_idempotency_redis_conf_t *rcf, ngx_str_t *key);
 static ngx_int_t ngx_http_idempotency_redis_redirect(
@@ -238,6 +285,7 @@ static void ngx_http_idempotency_redis_del_write(void *privdata);
 static void ngx_http_idempotency_redis_cleanup(void *privdata);
 static void ngx_http_idempotency_redis_read_handler(ngx_event_t *rev);
 static void ngx_http_idempotency_redis_write_handler(ngx_event_t *wev);
+static void ngx_http_idempotency_redis_node_write_handler(ngx_event_t *wev);
 
 
 /* bytes of all parked ops of this worker, against the PARKED_MAX cap */
@@ -267,22 +315,26 @@ static ngx_http_idempotency_redis_transient_t
 static ngx_http_idempotency_redis_script_t
     ngx_http_idempotency_redis_scripts[NGX_HTTP_IDEMPOTENCY_SCRIPT_N] = {
 
-    { "claim", NULL, 0, "" },
+    { "claim", NULL, 0, "", "SET" },
 
     { "store", ngx_http_idempotency_lua_store,
-      sizeof(ngx_http_idempotency_lua_store) - 1, "" },
+      sizeof(ngx_http_idempotency_lua_store) - 1, "", NULL },
 
     { "release", ngx_http_idempotency_lua_release,
-      sizeof(ngx_http_idempotency_lua_release) - 1, "" },
+      sizeof(ngx_http_idempotency_lua_release) - 1, "", NULL },
 
     { "renew", ngx_http_idempotency_lua_renew,
-      sizeof(ngx_http_idempotency_lua_renew) - 1, "" },
+      sizeof(ngx_http_idempotency_lua_renew) - 1, "", NULL },
 
     { "inspect", ngx_http_idempotency_lua_inspect,
-      sizeof(ngx_http_idempotency_lua_inspect) - 1, "" },
+      sizeof(ngx_http_idempotency_lua_inspect) - 1, "", NULL },
 
     { "purge", ngx_http_idempotency_lua_purge,
-      sizeof(ngx_http_idempotency_lua_purge) - 1, "" }
+      sizeof(ngx_http_idempotency_lua_purge) - 1, "", NULL },
+
+    /* a split record's body: written before its head, read for a replay */
+    { "body store", NULL, 0, "", "SET" },
+    { "body read", NULL, 0, "", "GETRANGE" }
 };
 
 
@@ -347,6 +399,17 @@ ngx_http_idempotency_redis_init_process(ngx_cycle_t *cycle)
 
         if (ngx_http_idempotency_redis_init_node(cycle, rcfp[i]) != NGX_OK) {
             return NGX_ERROR;
+        }
+
+        if (rcfp[i]->mode == NGX_HTTP_IDEMPOTENCY_REDIS_SINGLE) {
+            rcfp[i]->bulk = ngx_http_idempotency_redis_node_create(rcfp[i],
+                                             &rcfp[i]->host, rcfp[i]->port,
+                                             cycle->pool, cycle->log);
+            if (rcfp[i]->bulk == NULL) {
+                return NGX_ERROR;
+            }
+
+            rcfp[i]->bulk->bulk = 1;
         }
 
         /* eagerly: the first requests should find the connection up */
@@ -471,6 +534,11 @@ ngx_http_idempotency_redis_exit_process(ngx_cycle_t *cycle)
             ngx_http_idempotency_cluster_exit(rcfp[i]->cluster);
             rcfp[i]->cluster = NULL;
             continue;
+        }
+
+        if (rcfp[i]->bulk) {
+            ngx_http_idempotency_redis_node_exit(rcfp[i]->bulk);
+            rcfp[i]->bulk = NULL;
         }
 
         node = rcfp[i]->node;
@@ -603,6 +671,7 @@ ngx_http_idempotency_redis_connect(ngx_http_idempotency_redis_node_t *node)
     }
 
     ac->data = node;
+    c->write->handler = ngx_http_idempotency_redis_node_write_handler;
 
     node->ac = ac;
     node->state = NGX_HTTP_IDEMPOTENCY_REDIS_CONNECTING;
@@ -1177,6 +1246,12 @@ ngx_http_idempotency_redis_script(ngx_http_idempotency_redis_conf_t *rcf,
     ngx_http_idempotency_redis_node_t  *node;
 
     node = ngx_http_idempotency_redis_pick(rcf, key);
+    node = ngx_http_idempotency_redis_route(node,
+                             script == NGX_HTTP_IDEMPOTENCY_SCRIPT_BODY_GET
+                             ? NGX_HTTP_IDEMPOTENCY_REDIS_SLICE
+                             : ngx_http_idempotency_redis_args_size(args,
+                                                                    nargs),
+                             1);
 
     /* fail fast while there is no connection and none in progress */
 
@@ -1220,16 +1295,40 @@ ngx_http_idempotency_redis_script_retry(
     ngx_str_t *args, ngx_uint_t nargs, ngx_msec_t deadline,
     ngx_http_idempotency_redis_pt handler, void *data, ngx_log_t *log)
 {
-    const char                         *reason;
     ngx_http_idempotency_redis_op_t    *op;
     ngx_http_idempotency_redis_node_t  *node;
 
+    if (script == NGX_HTTP_IDEMPOTENCY_SCRIPT_STORE
+        && nargs == 3
+        && ngx_http_idempotency_redis_store_split(rcf, key, args, deadline,
+                                                  handler, data, log, &op)
+           == NGX_OK)
+    {
+        return op;
+    }
+
     node = ngx_http_idempotency_redis_pick(rcf, key);
+    node = ngx_http_idempotency_redis_route(node,
+                             ngx_http_idempotency_redis_args_size(args, nargs),
+                             0);
+
+    return ngx_http_idempotency_redis_retry_on(node, script, key, args, nargs,
+                                               deadline, handler, data, log);
+}
+
+
+static ngx_http_idempotency_redis_op_t *
+ngx_http_idempotency_redis_retry_on(ngx_http_idempotency_redis_node_t *node,
+    ngx_uint_t script, ngx_str_t *key, ngx_str_t *args, ngx_uint_t nargs,
+    ngx_msec_t deadline, ngx_http_idempotency_redis_pt handler, void *data,
+    ngx_log_t *log)
+{
+    const char                       *reason;
+    ngx_http_idempotency_redis_op_t  *op;
 
     if (node == NULL || node->exiting) {
-        ngx_log_debug1(NGX_LOG_DEBUG_HTTP, log, 0,
-                       "idempotency redis: \"%V\" not available",
-                       node ? &node->name : &rcf->host);
+        ngx_log_debug0(NGX_LOG_DEBUG_HTTP, log, 0,
+                       "idempotency redis: not available");
         return NULL;
     }
 
@@ -1266,6 +1365,239 @@ ngx_http_idempotency_redis_script_retry(
     }
 
     return op;
+}
+
+
+/*
+ * The store of a done record with a large body goes in two commands, in
+ * order on one connection: the body as a string of its own (a plain SET:
+ * Redis keeps the value it read, where a script would copy it several
+ * times and stall every other client meanwhile), then the record's head
+ * through the store script, which checks that the body is there.  The
+ * body outlives its head by a minute, so that a replay never finds a head
+ * without its body.  NGX_DECLINED: not such a record, stored as it is.
+ */
+
+static ngx_int_t
+ngx_http_idempotency_redis_store_split(ngx_http_idempotency_redis_conf_t *rcf,
+    ngx_str_t *key, ngx_str_t *args, ngx_msec_t deadline,
+    ngx_http_idempotency_redis_pt handler, void *data, ngx_log_t *log,
+    ngx_http_idempotency_redis_op_t **opp)
+{
+    u_char                             *p, *mem;
+    size_t                              head_len;
+    ngx_int_t                           ttl;
+    ngx_str_t                           bkey, bargs[3], sargs[4];
+    ngx_http_idempotency_record_t       rec;
+    ngx_http_idempotency_redis_op_t    *bop;
+    ngx_http_idempotency_redis_node_t  *node;
+    u_char                              bttl[NGX_INT_T_LEN];
+
+    node = ngx_http_idempotency_redis_pick(rcf, key);
+
+    /*
+     * Without Redis now the record is kept whole for a retry (or given up
+     * at once when it is too large to keep), as any store
+     */
+
+    if (node == NULL
+        || node->state != NGX_HTTP_IDEMPOTENCY_REDIS_READY
+        || args[1].len < NGX_HTTP_IDEMPOTENCY_REDIS_SPLIT_MIN
+        || ngx_http_idempotency_record_parse(args[1].data, args[1].len, &rec)
+           != 0
+        || rec.state != NGX_HTTP_IDEMPOTENCY_RECORD_DONE
+        || rec.body_len < NGX_HTTP_IDEMPOTENCY_REDIS_SPLIT_MIN)
+    {
+        return NGX_DECLINED;
+    }
+
+    ttl = ngx_atoi(args[2].data, args[2].len);
+    if (ttl == NGX_ERROR) {
+        return NGX_DECLINED;
+    }
+
+    /* "idem1 done " becomes "idem1 split ", the body its length */
+
+    head_len = (rec.body - args[1].data) + 1 + NGX_SIZE_T_LEN;
+
+    mem = ngx_alloc(head_len + rcf->prefix.len + key->len + rec.owner_len
+                    + 8, log);
+    if (mem == NULL) {
+        return NGX_DECLINED;
+    }
+
+    bkey.data = mem + head_len;
+
+    if (ngx_http_idempotency_redis_body_key(rcf, key, rec.owner,
+                                            rec.owner_len, &bkey)
+        != NGX_OK)
+    {
+        ngx_free(mem);
+        return NGX_DECLINED;
+    }
+
+    p = ngx_cpymem(mem, "idem1 split ", sizeof("idem1 split ") - 1);
+    p = ngx_cpymem(p, args[1].data + sizeof("idem1 done ") - 1,
+                   rec.body - args[1].data - (sizeof("idem1 done ") - 1));
+    p = ngx_sprintf(p, "%uz", rec.body_len);
+
+    sargs[0] = args[0];
+    sargs[1].data = mem;
+    sargs[1].len = p - mem;
+    sargs[2] = args[2];
+    sargs[3] = bkey;
+
+    bargs[0].data = (u_char *) rec.body;
+    bargs[0].len = rec.body_len;
+    ngx_str_set(&bargs[1], "PX");
+    bargs[2].data = bttl;
+    bargs[2].len = ngx_sprintf(bttl, "%i", ttl + 60000) - bttl;
+
+    node = ngx_http_idempotency_redis_route(node, rec.body_len, 0);
+
+    bop = ngx_http_idempotency_redis_retry_on(node,
+                                   NGX_HTTP_IDEMPOTENCY_SCRIPT_BODY_SET,
+                                   &bkey, bargs, 3, deadline,
+                                   ngx_http_idempotency_redis_body_stored,
+                                   NULL, log);
+
+    *opp = bop ? ngx_http_idempotency_redis_retry_on(node,
+                                   NGX_HTTP_IDEMPOTENCY_SCRIPT_STORE, key,
+                                   sargs, 4, deadline, handler, data, log)
+               : NULL;
+
+    ngx_free(mem);
+
+    return NGX_OK;
+}
+
+
+/* the body of a split record: only a failure is news (its store says 0) */
+
+static void
+ngx_http_idempotency_redis_body_stored(void *data, redisReply *reply,
+    ngx_uint_t rc)
+{
+    ngx_http_idempotency_redis_info_t *info = data;
+
+    if (rc != NGX_HTTP_IDEMPOTENCY_REDIS_OK) {
+        ngx_log_error(NGX_LOG_ERR, ngx_cycle->log, 0,
+                      "idempotency redis: gave up storing a response body "
+                      "(%s; attempts: %ui, last error: %s), its record is "
+                      "not stored",
+                      info->reason ? info->reason : "failed",
+                      info->attempts, info->error ? info->error : "none");
+        return;
+    }
+
+    if (reply->type == REDIS_REPLY_ERROR) {
+        ngx_log_error(NGX_LOG_ERR, ngx_cycle->log, 0,
+                      "idempotency redis: Redis error while storing a "
+                      "response body: %*s, its record is not stored",
+                      (size_t) reply->len, reply->str);
+    }
+}
+
+
+ngx_int_t
+ngx_http_idempotency_redis_body_key(ngx_http_idempotency_redis_conf_t *rcf,
+    ngx_str_t *key, const u_char *owner, size_t owner_len, ngx_str_t *out)
+{
+    u_char  *p, *open, *close;
+
+    open = ngx_strlchr(key->data, key->data + key->len, '{');
+    close = open ? ngx_strlchr(open + 1, key->data + key->len, '}') : NULL;
+
+    p = out->data;
+
+    if (open == NULL
+        && ngx_strlchr(key->data, key->data + key->len, '}') == NULL)
+    {
+        p = ngx_cpymem(p, rcf->prefix.data, rcf->prefix.len);
+        *p++ = '{';
+        p = ngx_cpymem(p, key->data, key->len);
+        *p++ = '}';
+
+    } else if (close && close > open + 1) {
+        p = ngx_cpymem(p, key->data, key->len);
+
+    } else {
+        return NGX_DECLINED;
+    }
+
+    p = ngx_cpymem(p, ":body:", sizeof(":body:") - 1);
+    p = ngx_cpymem(p, owner, owner_len);
+
+    out->len = p - out->data;
+
+    return NGX_OK;
+}
+
+
+ngx_int_t
+ngx_http_idempotency_redis_fetch(ngx_http_idempotency_redis_fetch_t *f)
+{
+    size_t      n;
+    ngx_str_t   args[2];
+    u_char      from[NGX_SIZE_T_LEN], to[NGX_SIZE_T_LEN];
+
+    n = ngx_min(f->len - f->done, NGX_HTTP_IDEMPOTENCY_REDIS_SLICE);
+
+    args[0].data = from;
+    args[0].len = ngx_sprintf(from, "%uz", f->done) - from;
+    args[1].data = to;
+    args[1].len = ngx_sprintf(to, "%uz", f->done + n - 1) - to;
+
+    *f->opp = ngx_http_idempotency_redis_script(f->rcf,
+                                  NGX_HTTP_IDEMPOTENCY_SCRIPT_BODY_GET,
+                                  &f->key, args, 2,
+                                  ngx_http_idempotency_redis_fetch_reply, f,
+                                  f->log);
+
+    return *f->opp ? NGX_OK : NGX_ERROR;
+}
+
+
+static void
+ngx_http_idempotency_redis_fetch_reply(void *data, redisReply *reply,
+    ngx_uint_t rc)
+{
+    ngx_http_idempotency_redis_fetch_t *f = data;
+
+    size_t  n;
+
+    *f->opp = NULL;
+
+    if (rc != NGX_HTTP_IDEMPOTENCY_REDIS_OK) {
+        f->handler(f, rc);
+        return;
+    }
+
+    n = ngx_min(f->len - f->done, NGX_HTTP_IDEMPOTENCY_REDIS_SLICE);
+
+    if (reply->type != REDIS_REPLY_STRING || (size_t) reply->len != n) {
+        ngx_log_error(NGX_LOG_ERR, f->log, 0,
+                      "idempotency redis: the body of the record "
+                      "key_hash=%s is missing or short (%uz of %uz bytes "
+                      "at %uz), not replayed",
+                      ngx_http_idempotency_key_hash(&f->key),
+                      reply->type == REDIS_REPLY_STRING
+                      ? (size_t) reply->len : 0, n, f->done);
+        f->handler(f, NGX_HTTP_IDEMPOTENCY_REDIS_ERROR);
+        return;
+    }
+
+    ngx_memcpy(f->buf + f->done, reply->str, n);
+    f->done += n;
+
+    if (f->done == f->len) {
+        f->handler(f, NGX_HTTP_IDEMPOTENCY_REDIS_OK);
+        return;
+    }
+
+    if (ngx_http_idempotency_redis_fetch(f) != NGX_OK) {
+        f->handler(f, NGX_HTTP_IDEMPOTENCY_REDIS_ERROR);
+    }
 }
 
 
@@ -1391,7 +1723,7 @@ ngx_http_idempotency_redis_op_send(ngx_http_idempotency_redis_op_t *op)
     }
 
     op->timer.cancelable = 0;
-    ngx_add_timer(&op->timer, node->conf->timeout);
+    ngx_http_idempotency_redis_op_timer(op, len);
 
     ngx_log_debug6(NGX_LOG_DEBUG_HTTP, node->log, 0,
                    "idempotency redis: \"%V\" %s queued, "
@@ -1468,6 +1800,7 @@ ngx_http_idempotency_redis_stats(ngx_http_idempotency_redis_conf_t *rcf)
 static void
 ngx_http_idempotency_redis_op_timeout_handler(ngx_event_t *ev)
 {
+    int                                 unread;
     void                               *data;
     ngx_msec_int_t                      left;
     ngx_http_idempotency_redis_op_t    *op;
@@ -1501,6 +1834,31 @@ ngx_http_idempotency_redis_op_timeout_handler(ngx_event_t *ev)
         /* not connected: sent when it is, or given up at the deadline */
 
         ngx_add_timer(&op->timer, (ngx_msec_t) left);
+        return;
+    }
+
+    /*
+     * A command's time runs from when it is written: one still in the
+     * output buffer (the worker was busy, e.g. copying a large record)
+     * waits on.  Replies come in order: while those ahead of this one (a
+     * large record, say) are still arriving, or replies wait unread in the
+     * socket, the connection is alive and this one is only queued behind
+     * them.
+     */
+
+    if (node->state == NGX_HTTP_IDEMPOTENCY_REDIS_READY
+        && node->ac
+        && (op->seq > node->flushed_seq
+            || (ngx_msec_t) (ngx_current_msec - node->last_read)
+               < node->conf->timeout
+            || (ioctl(node->ac->c.fd, FIONREAD, &unread) == 0
+                && unread > 0)))
+    {
+        ngx_log_debug2(NGX_LOG_DEBUG_HTTP, node->log, 0,
+                       "idempotency redis: \"%V\" op:%p waits behind "
+                       "replies still arriving", &node->name, op);
+
+        ngx_add_timer(&op->timer, node->conf->timeout);
         return;
     }
 
@@ -1615,7 +1973,8 @@ ngx_http_idempotency_redis_op_reply(redisAsyncContext *ac, void *r,
             op->sent = ngx_http_idempotency_stat_command();
 
             /* a new command at the end of the pipeline: a new deadline */
-            ngx_add_timer(&op->timer, op->node->conf->timeout);
+            op->node->queued -= op->wire;
+            ngx_http_idempotency_redis_op_timer(op, len);
 
             ngx_log_debug3(NGX_LOG_DEBUG_HTTP, op->node->log, 0,
                            "idempotency redis: \"%V\" op:%p NOSCRIPT, "
@@ -1676,6 +2035,102 @@ ngx_http_idempotency_redis_op_reply(redisAsyncContext *ac, void *r,
 
     ngx_http_idempotency_redis_op_finish(op, reply,
                                          NGX_HTTP_IDEMPOTENCY_REDIS_OK);
+}
+
+
+/*
+ * A large command goes on the bulk connection of its Redis, connected now
+ * if it is not; with "ready", only if that connection can take it at once
+ * (a plain command fails fast without a connection: it uses the first one
+ * then).
+ */
+
+static size_t
+ngx_http_idempotency_redis_args_size(ngx_str_t *args, ngx_uint_t nargs)
+{
+    size_t      size;
+    ngx_uint_t  i;
+
+    size = 0;
+
+    for (i = 0; i < nargs; i++) {
+        size += args[i].len;
+    }
+
+    return size;
+}
+
+
+static ngx_http_idempotency_redis_node_t *
+ngx_http_idempotency_redis_route(ngx_http_idempotency_redis_node_t *node,
+    size_t size, ngx_uint_t ready)
+{
+    ngx_http_idempotency_redis_node_t  *bulk;
+
+    if (node == NULL || node->conf->bulk == NULL
+        || node != node->conf->node)
+    {
+        return node;
+    }
+
+    if (size < NGX_HTTP_IDEMPOTENCY_REDIS_BULK_MIN) {
+        return node;
+    }
+
+    bulk = node->conf->bulk;
+
+    if (bulk->exiting) {
+        return node;
+    }
+
+    if (bulk->ac == NULL && !bulk->reconnect_timer.timer_set) {
+        ngx_http_idempotency_redis_connect(bulk);
+    }
+
+    if (ready
+        && (bulk->state != NGX_HTTP_IDEMPOTENCY_REDIS_READY
+            || bulk->ac == NULL))
+    {
+        return node;
+    }
+
+    return bulk;
+}
+
+
+/* arms the command timer of an op just queued with "len" bytes */
+
+static void
+ngx_http_idempotency_redis_op_timer(ngx_http_idempotency_redis_op_t *op,
+    size_t len)
+{
+    ngx_msec_t                          extra;
+    ngx_http_idempotency_redis_node_t  *node;
+
+    node = op->node;
+
+    op->wire = len;
+    op->seq = ++node->queued_seq;
+    node->queued += len;
+
+    if (len >= NGX_HTTP_IDEMPOTENCY_REDIS_BULK_MIN) {
+        /* copying a large command took a while: time it from now */
+        ngx_time_update();
+    }
+
+    extra = (ngx_msec_t) (node->queued
+                          / (NGX_HTTP_IDEMPOTENCY_REDIS_BULK_RATE / 1000));
+
+    ngx_add_timer(&op->timer, node->conf->timeout + extra);
+
+    /* the handshake's replies come first, but its writes are shared */
+
+    if (node->state != NGX_HTTP_IDEMPOTENCY_REDIS_READY
+        && node->connect_timer.timer_set)
+    {
+        ngx_add_timer(&node->connect_timer,
+                      node->conf->connect_timeout + extra);
+    }
 }
 
 
@@ -1888,6 +2343,8 @@ ngx_http_idempotency_redis_op_detach(ngx_http_idempotency_redis_op_t *op)
     }
 
     op->node->pending--;
+    op->node->queued -= op->wire;
+    op->wire = 0;
     op->state = NGX_HTTP_IDEMPOTENCY_REDIS_OP_NEW;
 }
 
@@ -2209,7 +2666,8 @@ ngx_http_idempotency_redis_frame(ngx_http_idempotency_redis_op_t *op,
     s = &ngx_http_idempotency_redis_scripts[op->info.script];
 
     if (s->text == NULL) {
-        p = ngx_sprintf(pre, "*%ui\r\n$3\r\nSET\r\n", op->nargs + 2);
+        p = ngx_sprintf(pre, "*%ui\r\n$%uz\r\n%s\r\n", op->nargs + 2,
+                        ngx_strlen(s->native), s->native);
         n = p - pre;
         start = op->tail - n;
         ngx_memcpy(start, pre, n);
@@ -2448,6 +2906,10 @@ ngx_http_idempotency_redis_read_handler(ngx_event_t *rev)
         return;
     }
 
+    if (node->ac == ac) {
+        node->last_read = ngx_current_msec;
+    }
+
     /* one chunk of at most 16 KiB; see EVENT_FLAGS for the rest */
 
     redisAsyncHandleRead(ac);
@@ -2462,4 +2924,27 @@ ngx_http_idempotency_redis_write_handler(ngx_event_t *wev)
     c = wev->data;
 
     redisAsyncHandleWrite(c->data);
+}
+
+
+/* the same for a node's data connection, which also counts what is out */
+
+static void
+ngx_http_idempotency_redis_node_write_handler(ngx_event_t *wev)
+{
+    ngx_connection_t                   *c;
+    redisAsyncContext                  *ac;
+    ngx_http_idempotency_redis_node_t  *node;
+
+    c = wev->data;
+    ac = c->data;
+    node = ac->data;
+
+    redisAsyncHandleWrite(ac);
+
+    /* every command handed to hiredis so far is on its way to Redis */
+
+    if (node->ac == ac && ac->c.obuf && sdslen(ac->c.obuf) == 0) {
+        node->flushed_seq = node->queued_seq;
+    }
 }

@@ -30,8 +30,20 @@ typedef enum {
     NGX_HTTP_IDEMPOTENCY_SCRIPT_RENEW,
     NGX_HTTP_IDEMPOTENCY_SCRIPT_INSPECT,
     NGX_HTTP_IDEMPOTENCY_SCRIPT_PURGE,
+    NGX_HTTP_IDEMPOTENCY_SCRIPT_BODY_SET,   /* SET <body key> <body> PX ms */
+    NGX_HTTP_IDEMPOTENCY_SCRIPT_BODY_GET,   /* GETRANGE <body key> a b */
     NGX_HTTP_IDEMPOTENCY_SCRIPT_N
 } ngx_http_idempotency_script_e;
+
+
+/*
+ * A stored body of at least this many bytes lives in a second string (the
+ * record is then "split"): a claim that finds the record gets its head only.
+ */
+#define NGX_HTTP_IDEMPOTENCY_REDIS_SPLIT_MIN  (16 * 1024)
+
+/* a split record's body is read back this many bytes per command */
+#define NGX_HTTP_IDEMPOTENCY_REDIS_SLICE      (1024 * 1024)
 
 
 typedef struct ngx_http_idempotency_redis_node_s
@@ -62,6 +74,7 @@ typedef struct {
 
     /* per-worker state, set up in init_process (memory is per process) */
     ngx_http_idempotency_redis_node_t   *node;
+    ngx_http_idempotency_redis_node_t   *bulk;     /* large commands */
     ngx_http_idempotency_cluster_t      *cluster;  /* "cluster" only */
 } ngx_http_idempotency_redis_conf_t;
 
@@ -152,6 +165,48 @@ ngx_http_idempotency_redis_op_t *ngx_http_idempotency_redis_script_retry(
     ngx_http_idempotency_redis_conf_t *rcf, ngx_uint_t script, ngx_str_t *key,
     ngx_str_t *args, ngx_uint_t nargs, ngx_msec_t deadline,
     ngx_http_idempotency_redis_pt handler, void *data, ngx_log_t *log);
+
+/*
+ * Reads "len" bytes of the string "key" into "buf", NGX_HTTP_IDEMPOTENCY_
+ * REDIS_SLICE bytes per GETRANGE, one command at a time (Redis serves
+ * everyone else between two), on the bulk connection when it is up.
+ * *opp is always the op in progress, for ngx_http_idempotency_redis_cancel;
+ * the handler is called once, unless cancelled, with
+ * NGX_HTTP_IDEMPOTENCY_REDIS_OK when all of it is in buf.  NGX_ERROR: no
+ * command could be sent, nothing will be called.
+ */
+typedef struct ngx_http_idempotency_redis_fetch_s
+    ngx_http_idempotency_redis_fetch_t;
+
+typedef void (*ngx_http_idempotency_redis_fetch_pt)(
+    ngx_http_idempotency_redis_fetch_t *f, ngx_uint_t rc);
+
+struct ngx_http_idempotency_redis_fetch_s {
+    ngx_http_idempotency_redis_conf_t   *rcf;
+    ngx_str_t                            key;
+    u_char                              *buf;
+    size_t                               len;
+    size_t                               done;
+    ngx_http_idempotency_redis_op_t    **opp;
+    ngx_http_idempotency_redis_fetch_pt  handler;
+    void                                *data;
+    ngx_log_t                           *log;
+};
+
+ngx_int_t ngx_http_idempotency_redis_fetch(
+    ngx_http_idempotency_redis_fetch_t *f);
+
+/*
+ * The key of a split record's body: "<key>:body:<owner>" when the key has
+ * a hash tag, "<prefix>{<key>}:body:<owner>" when it has no brace at all,
+ * so that it is in the key's Redis Cluster slot either way and starts with
+ * the prefix (ACL key patterns).  NGX_DECLINED for a key with braces but
+ * no hash tag (its record is never split).  out->data needs prefix, key
+ * and owner lengths plus 8 bytes.
+ */
+ngx_int_t ngx_http_idempotency_redis_body_key(
+    ngx_http_idempotency_redis_conf_t *rcf, ngx_str_t *key,
+    const u_char *owner, size_t owner_len, ngx_str_t *out);
 
 /* the handler will not be called for this op; safe on any live op */
 void ngx_http_idempotency_redis_cancel(ngx_http_idempotency_redis_op_t *op);

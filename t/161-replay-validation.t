@@ -57,6 +57,22 @@ sub plant {
     main::redis_cli('SET', $rkey, $rec, 'PX', 600000);
 }
 
+# The same as a split record (a body of 16 KiB or more kept in a second
+# key, in the record's hash slot): the head holds the body's length.
+sub plant_split {
+    my ($uri, $key, $status, $headers, $body) = @_;
+    my $fp = Digest::SHA::sha256_hex("POST $uri\nx");
+    my $owner = 'cd' x 20;
+    my $rkey = $ENV{TEST_NGINX_PREFIX} . Digest::SHA::sha256_hex('test:')
+               . ":$key";
+    my $rec = "idem1 split $fp $owner " . time() . " $status\r\n"
+              . join('', map { "$_\r\n" } @$headers) . "\r\n"
+              . length($body);
+    main::redis_cli('SET', "$ENV{TEST_NGINX_PREFIX}\{$rkey\}:body:$owner",
+                    $body, 'PX', 600000);
+    main::redis_cli('SET', $rkey, $rec, 'PX', 600000);
+}
+
 no_shuffle();
 run_tests();
 
@@ -212,3 +228,54 @@ ran
 --- grep_error_log: EXEC POST /backend open-1
 --- grep_error_log_out
 EXEC POST /backend open-1
+
+
+
+=== TEST 7: a split record (its body in a second key) is validated, then replayed with its body
+--- skip_eval: 5: !$ENV{TEST_NGINX_REDIS_CTL}
+--- http_config eval: $::HttpConfig
+--- config eval: $::Config
+--- init
+return if !$ENV{TEST_NGINX_REDIS_CTL};
+main::plant_split('/t', 'split-1', '200',
+                  ['Content-Type: text/plain', 'Connection: close',
+                   'X-Order: 8813'], 'y' x 20000);
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: split-1
+--- error_code: 200
+--- response_headers
+X-Order: 8813
+X-Idempotency-Status: HIT
+Content-Length: 20000
+--- response_body eval
+'y' x 20000
+--- no_error_log
+EXEC POST
+
+
+
+=== TEST 8: a split record with a malformed header is refused before its body is read
+--- skip_eval: 5: !$ENV{TEST_NGINX_REDIS_CTL}
+--- http_config eval: $::HttpConfig
+--- config eval: $::Config
+--- init
+return if !$ENV{TEST_NGINX_REDIS_CTL};
+main::plant_split('/t', 'split-2', '200', ['X-Planted: 1', 'Bad Name: v'],
+                  'planted' x 3000);
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: split-2
+--- error_code: 503
+--- response_headers
+X-Idempotency-Status: ERROR
+!X-Planted
+--- response_body_unlike: planted
+--- error_log eval
+qr/the record key_hash=${\ main::key_hash('split-2')} is corrupt: a header name is not a token/
+--- no_error_log
+EXEC POST

@@ -485,3 +485,22 @@ main::get('/admin?key=junk-1&scope=x') == 200 or die "GET failed";
 --- response_body_like eval
 [qr/"state": "unreadable",\n  "status": null,\n  "ttl_ms": \d+,\n  "size": 12,\n  "created": null,\n  "fingerprint": ""\n/,
  qr/^$/, qr/No record/]
+
+
+
+=== TEST 25: a split record (its body in a second key) is done, marked split
+--- skip_eval: 2: !$ENV{TEST_NGINX_REDIS_CTL}
+--- http_config eval: $::HttpConfig
+--- config eval: $::Config
+--- init
+return if !$ENV{TEST_NGINX_REDIS_CTL};
+main::redis_cli('SET', $ENV{TEST_NGINX_PREFIX} . main::scope_hash('x')
+                . ':split-1', 'idem1 split ' . ('a' x 64) . ' ' . ('b' x 40)
+                . ' ' . time() . " 201\r\nX-A: 1\r\n\r\n20000", 'PX', 60000);
+--- request
+GET /admin?key=split-1&scope=x
+--- error_code: 200
+--- response_body_like
+"state": "done",
+  "split": true,
+  "status": 201,

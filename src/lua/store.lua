@@ -4,8 +4,13 @@
 -- KEYS[1] record key
 -- ARGV[1] our in-flight record   ARGV[2] the complete record
 -- ARGV[3] TTL in ms
+-- ARGV[4] for a split record only: the key of its body, written just
+--         before (same hash slot); without it the head is not stored
 local cur = redis.call('GET', KEYS[1])
 if cur == ARGV[1] then
+    if ARGV[4] and redis.call('EXISTS', ARGV[4]) == 0 then
+        return 0
+    end
     redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
     return 1
 end

@@ -212,6 +212,37 @@ test_record_round_trip(void **state)
     assert_int_equal(rec.state, NGX_HTTP_IDEMPOTENCY_RECORD_OVERSIZE);
     assert_int_equal(rec.status, 200);
     assert_int_equal(rec.created_len, 20);
+
+    /* unknown and split: states of their own, read back as written */
+
+    assert_int_not_equal(NGX_HTTP_IDEMPOTENCY_RECORD_UNKNOWN,
+                         NGX_HTTP_IDEMPOTENCY_RECORD_SPLIT);
+
+    p = ngx_http_idempotency_record_write_head(buf,
+            NGX_HTTP_IDEMPOTENCY_RECORD_UNKNOWN,
+            (const unsigned char *) FP, 64,
+            (const unsigned char *) OWNER, 40, 1, 502);
+    *p++ = '\r';
+    *p++ = '\n';
+
+    assert_int_equal(ngx_http_idempotency_record_parse(buf, p - buf, &rec),
+                     0);
+    assert_int_equal(rec.state, NGX_HTTP_IDEMPOTENCY_RECORD_UNKNOWN);
+    assert_int_equal(rec.status, 502);
+
+    p = ngx_http_idempotency_record_write_head(buf,
+            NGX_HTTP_IDEMPOTENCY_RECORD_SPLIT,
+            (const unsigned char *) FP, 64,
+            (const unsigned char *) OWNER, 40, 1, 200);
+    memcpy(p, "\r\n20000", 7);
+    p += 7;
+
+    assert_int_equal(ngx_http_idempotency_record_parse(buf, p - buf, &rec),
+                     0);
+    assert_int_equal(rec.state, NGX_HTTP_IDEMPOTENCY_RECORD_SPLIT);
+    assert_int_equal(rec.status, 200);
+    assert_int_equal(rec.body_len, 5);
+    assert_memory_equal(rec.body, "20000", 5);
 }
 
 

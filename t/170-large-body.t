@@ -1,0 +1,292 @@
+# Large request bodies: the fingerprint is hashed as nginx reads the body,
+# so a 1 GiB upload spooled to a temporary file never stalls the worker
+# (no read-back of the file once it is complete) and the claim that
+# follows keeps its Redis connection.  A GET loop on the same worker, on a
+# keep-alive connection, times every answer while the body streams in.
+#
+# The fingerprint stays what it was (SHA-256 of method, URI with arguments
+# and body), so records written before the change still match.
+#
+# Needs `make test`'s Redis control script (TEST_NGINX_REDIS_CTL) to read
+# the record: skipped without it.
+
+use Test::Nginx::Socket $ENV{TEST_NGINX_REDIS_CTL}
+    ? 'no_plan'
+    : (skip_all => 'needs TEST_NGINX_REDIS_CTL (run via make test)');
+use lib 't/lib';
+use IdemTest;
+use Cwd ();
+use Digest::SHA ();
+use IO::Socket::INET;
+use POSIX ();
+use Time::HiRes ();
+
+$ENV{TEST_NGINX_REDIS_PORT} ||= 6379;
+$ENV{TEST_NGINX_PREFIX} ||= "t170-$$-" . time() . ":";
+
+our $HttpConfig = qq{
+    log_format exec 'EXEC \$request_method \$uri \$http_idempotency_key '
+                    'at \$msec';
+    idempotency_redis 127.0.0.1:$ENV{TEST_NGINX_REDIS_PORT}
+                      prefix=$ENV{TEST_NGINX_PREFIX};
+};
+
+# the upstream never sees the body: only the fingerprint needs it
+our $Config = q{
+    location = /up {
+        client_max_body_size 2g;
+        client_body_buffer_size 16k;
+        idempotency on;
+        idempotency_scope "t";
+        proxy_pass_request_body off;
+        proxy_set_header Content-Length "";
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
+    }
+
+    location = /backend {
+        access_log logs/error.log exec;
+        return 201 "stored\n";
+    }
+
+    location = /plain {
+        client_max_body_size 2g;
+        client_body_buffer_size 16k;
+        proxy_pass_request_body off;
+        proxy_set_header Content-Length "";
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
+    }
+
+    location = /ping {
+        access_log off;
+        return 204;
+    }
+};
+
+our $Size = 1024 * 1024 * 1024;
+our $Chunk = join '', map { chr(($_ * 31 + 7) % 256) } 0 .. 65535;
+
+our $Spooled = join '', map { chr(($_ * 13) % 256) } 0 .. 5 * 1024 * 1024 - 1;
+
+# the record's fingerprint, the third word of its first line
+sub record_fp {
+    my ($key) = @_;
+    my $rkey = $ENV{TEST_NGINX_PREFIX} . Digest::SHA::sha256_hex('t')
+               . ":$key";
+    my $rec = redis_cli('GETRANGE', $rkey, 0, 255);
+    my ($fp) = $rec =~ /^idem1 \w+ ([0-9a-f]{64}) /;
+    return $fp // '';
+}
+
+# Times GET /ping answers on keep-alive connections until $stop becomes
+# readable (closed by the parent); prints to $out the number of answers and
+# then, one a line, "<time> <gap>" (seconds) for each wait over 10 ms, the
+# time being the end of the wait.
+sub ping_loop {
+    my ($stop, $out) = @_;
+
+    my ($sock, $n, $last, @gaps) = (undef, 0, Time::HiRes::time());
+    my $rin = '';
+    vec($rin, fileno($stop), 1) = 1;
+
+    for (;;) {
+        last if select(my $r = $rin, undef, undef, 0);
+
+        # a new connection when nginx ends one (keepalive_requests)
+        $sock //= IO::Socket::INET->new(
+            PeerAddr => '127.0.0.1',
+            PeerPort => $ENV{TEST_NGINX_SERVER_PORT},
+            Timeout  => 10,
+        ) or last;
+
+        print $sock "GET /ping HTTP/1.1\r\nHost: localhost\r\n\r\n";
+        my $head = '';
+        while ($head !~ /\r\n\r\n/) {
+            if (!sysread($sock, $head, 4096, length $head)) {
+                undef $sock;
+                last;
+            }
+        }
+        next unless $sock;
+
+        my $now = Time::HiRes::time();
+        push @gaps, "$now " . ($now - $last) if $now - $last > 0.01;
+        $last = $now;
+        $n++;
+    }
+
+    print $out join("\n", $n, @gaps), "\n";
+    close $out;
+    POSIX::_exit(0);
+}
+
+# POST $uri with a body of $size bytes made of $Chunk, streamed; returns the
+# status line and the time it came
+sub upload {
+    my ($uri, $key, $size) = @_;
+
+    my $sock = IO::Socket::INET->new(
+        PeerAddr => '127.0.0.1',
+        PeerPort => $ENV{TEST_NGINX_SERVER_PORT},
+        Timeout  => 60,
+    ) or die "connect: $!";
+
+    print $sock "POST $uri HTTP/1.1\r\nHost: localhost\r\n"
+                . "Idempotency-Key: $key\r\nContent-Length: $size\r\n"
+                . "Connection: close\r\n\r\n";
+
+    my $sent = 0;
+    while ($sent < $size) {
+        my $len = $size - $sent < length $::Chunk
+                  ? $size - $sent : length $::Chunk;
+        my $n = syswrite($sock, $::Chunk, $len);
+        die "upload: $!" unless $n;
+        $sent += $n;
+    }
+
+    local $/ = "\r\n";
+    my $status = <$sock> // '';
+    $status =~ s/\r\n$//;
+    return ($status, Time::HiRes::time());
+}
+
+# When the backend ran for $key (the last such line of the error log)
+sub backend_ran {
+    my ($key) = @_;
+    my $root = $ENV{TEST_NGINX_SERVROOT} || Cwd::cwd() . '/t/servroot';
+    open(my $fh, '<', "$root/logs/error.log") or return 0;
+    my $at = 0;
+    while (<$fh>) {
+        $at = $1 if /EXEC POST \/backend \Q$key\E at (\d+\.\d+)/;
+    }
+    close $fh;
+    return $at;
+}
+
+# Uploads while the ping loop runs; returns the status line, the number of
+# answers and the longest wait (ms) that began before the backend ran (the
+# body read, hashed and the claim made): what nginx does after that (the
+# store, the answer held until Redis has it, then deleting the temporary
+# file, which takes a while for 1 GiB) is not the upload's.
+sub upload_while_pinging {
+    my ($uri, $key, $size) = @_;
+
+    pipe(my $stop_r, my $stop_w) or die "pipe: $!";
+    pipe(my $res_r, my $res_w) or die "pipe: $!";
+
+    my $pid = fork();
+    die "fork: $!" unless defined $pid;
+
+    if ($pid == 0) {
+        close $stop_w;
+        close $res_r;
+        ping_loop($stop_r, $res_w);
+    }
+
+    close $stop_r;
+    close $res_w;
+
+    Time::HiRes::sleep(0.2);
+
+    my ($status, $answered) = upload($uri, $key, $size);
+
+    close $stop_w;
+    my ($answers, @gaps) = <$res_r>;
+    waitpid($pid, 0);
+
+    my $ran = backend_ran($key) || $answered;
+
+    my $max = 0;
+    for (@gaps) {
+        my ($end, $gap) = split;
+        $max = $gap if $end - $gap < $ran && $end <= $answered
+                       && $gap > $max;
+    }
+
+    return ($status, ($answers // 0) + 0, int($max * 1000));
+}
+
+# The same upload to a location without the module first: what nginx itself
+# costs the worker (spooling 1 GiB to disk, dirty-page throttling, another
+# helper's load on this machine); the module may add at most 50 ms to it.
+sub large_upload {
+    my ($plain, $plain_n, $plain_gap) = upload_while_pinging('/plain',
+                                                             'plain', $Size);
+    my ($status, $n, $gap) = upload_while_pinging('/up', 'big-1', $Size);
+
+    Test::More::diag("GET /ping during $Size bytes: without the module "
+                     . "$plain_n answers, longest wait $plain_gap ms; with "
+                     . "it $n answers, longest wait $gap ms");
+
+    Test::More::is($plain, 'HTTP/1.1 201 Created',
+                   'the upload without the module is answered');
+    Test::More::is($status, 'HTTP/1.1 201 Created',
+                   'the upload with the module is answered');
+    Test::More::cmp_ok($n, '>', 10, 'GET /ping was answered meanwhile');
+    Test::More::cmp_ok($gap, '<=', ($plain_gap + 50) * $Slow,
+                       'no GET /ping waited 50 ms longer than without '
+                       . 'the module');
+}
+
+no_shuffle();
+run_tests();
+
+__DATA__
+
+=== TEST 1: a 1 GiB upload: a GET loop on the worker waits no more than 50 ms longer than without the module, the claim keeps its connection
+--- http_config eval: $::HttpConfig
+--- config eval: $::Config
+--- log_level: info
+--- init
+main::large_upload();
+--- request
+GET /ping
+--- error_code: 204
+--- grep_error_log: EXEC POST /backend big-1
+--- grep_error_log_out
+EXEC POST /backend big-1
+--- no_error_log
+reconnecting
+no reply in time
+[alert]
+[error]
+--- timeout: 120
+
+
+
+=== TEST 2: a duplicate with another body is a mismatch: the record holds the big body's fingerprint
+--- request
+POST /up
+x
+--- more_headers
+Idempotency-Key: big-1
+--- error_code: 422
+--- grep_error_log: EXEC POST /backend big-1
+--- grep_error_log_out
+EXEC POST /backend big-1
+
+
+
+=== TEST 3: a body spooled to a file has the same fingerprint as before: SHA-256 of method, URI and body
+--- http_config eval: $::HttpConfig
+--- config eval: $::Config
+--- request eval
+"POST /up?a=1\n$::Spooled"
+--- more_headers
+Idempotency-Key: fp-1
+--- error_code: 201
+--- response_body
+stored
+
+
+
+=== TEST 4: ... which the record carries
+--- init
+Test::More::is(main::record_fp('fp-1'),
+               Digest::SHA::sha256_hex("POST /up?a=1\n$::Spooled"),
+               'the fingerprint is unchanged');
+--- request
+POST /up?a=1
+x
+--- more_headers
+Idempotency-Key: fp-1
+--- error_code: 422

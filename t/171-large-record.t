@@ -1,0 +1,377 @@
+# Large records never hold the worker's Redis connection hostage: with
+# idempotency_max_response_size 100m a 60 MB response is stored and
+# replayed while a loop of small requests on other keys, on the same
+# worker, gets every answer (no 503) and the error log has no alert and no
+# dropped connection.  A response above the limit keeps its over-size
+# marker.
+#
+# The 60 MB file is written by the test, in slices, to a directory of its
+# own; the upstream serves it with sendfile off (so the module can capture
+# it).  Needs `make test`'s Redis control script (TEST_NGINX_REDIS_CTL) to
+# watch the record: skipped without it.
+
+use Test::Nginx::Socket $ENV{TEST_NGINX_REDIS_CTL}
+    ? 'no_plan'
+    : (skip_all => 'needs TEST_NGINX_REDIS_CTL (run via make test)');
+use lib 't/lib';
+use IdemTest;
+use Digest::SHA ();
+use File::Temp ();
+use IO::Socket::INET;
+use POSIX ();
+use Time::HiRes ();
+
+$ENV{TEST_NGINX_REDIS_PORT} ||= 6379;
+$ENV{TEST_NGINX_PREFIX} ||= "t171-$$-" . time() . ":";
+
+our $Dir = File::Temp::tempdir('t171-XXXXXX', TMPDIR => 1, CLEANUP => 1);
+chmod 0755, $Dir;    # read by nginx workers that may not be root
+our $Size = 60 * 1024 * 1024;
+our ($Sha, $Over);
+
+# the 60 MB file, 1 MiB at a time, each slice its own
+{
+    my $sha = Digest::SHA->new(256);
+    open my $fh, '>:raw', "$Dir/big.bin" or die "$Dir/big.bin: $!";
+    my $slice = join '', map { chr(($_ * 7 + 3) % 256) } 0 .. 1024 * 1024 - 1;
+    for my $i (1 .. $Size / length $slice) {
+        my $s = pack('N', $i) . substr($slice, 4);
+        print $fh $s;
+        $sha->add($s);
+    }
+    close $fh or die "$Dir/big.bin: $!";
+    open $fh, '>:raw', "$Dir/b20.bin" or die "$Dir/b20.bin: $!";
+    print $fh $slice for 1 .. 20;
+    close $fh or die "$Dir/b20.bin: $!";
+    open $fh, '>:raw', "$Dir/over.bin" or die "$Dir/over.bin: $!";
+    print $fh $slice x 2;
+    close $fh;
+    $Over = $slice x 2;
+    $Sha = $sha->hexdigest;
+}
+
+our $HttpConfig = qq{
+    log_format exec 'EXEC \$request_method \$uri \$http_idempotency_key';
+    idempotency_redis 127.0.0.1:$ENV{TEST_NGINX_REDIS_PORT}
+                      prefix=$ENV{TEST_NGINX_PREFIX};
+};
+
+our $Config = qq{
+    location = /big {
+        idempotency on;
+        idempotency_scope "t";
+        idempotency_max_response_size 100m;
+        proxy_buffering off;
+        proxy_method GET;
+        proxy_pass http://127.0.0.1:\$TEST_NGINX_SERVER_PORT/files/big.bin;
+    }
+
+    location = /over {
+        idempotency on;
+        idempotency_scope "t";
+        idempotency_max_response_size 1m;
+        proxy_buffering off;
+        proxy_method GET;
+        proxy_pass http://127.0.0.1:\$TEST_NGINX_SERVER_PORT/files/over.bin;
+    }
+
+    location = /b20 {
+        idempotency on;
+        idempotency_scope "t";
+        idempotency_max_response_size 100m;
+        proxy_buffering off;
+        proxy_method GET;
+        proxy_pass http://127.0.0.1:\$TEST_NGINX_SERVER_PORT/files/b20.bin;
+    }
+
+    location = /small {
+        idempotency on;
+        idempotency_scope "t";
+        proxy_pass http://127.0.0.1:\$TEST_NGINX_SERVER_PORT/backend;
+    }
+
+    location /files/ {
+        access_log logs/error.log exec;
+        sendfile off;
+        alias $Dir/;
+    }
+
+    location = /backend {
+        return 201 "small\\n";
+    }
+};
+
+# the state word of the record of $key ('' without one)
+sub record_state {
+    my ($key) = @_;
+    my $rkey = $ENV{TEST_NGINX_PREFIX} . Digest::SHA::sha256_hex('t')
+               . ":$key";
+    my ($state) = redis_cli('GETRANGE', $rkey, 0, 40) =~ /^idem1 (\w+)/;
+    return $state // '';
+}
+
+# the Redis Cluster slot of a key (CRC16/XMODEM of its hash tag or of it)
+sub key_slot {
+    my ($key) = @_;
+    $key = $1 if $key =~ /\{([^}]+)\}/ && index($key, '{') == $-[0];
+    my $crc = 0;
+    for my $c (unpack 'C*', $key) {
+        $crc ^= $c << 8;
+        $crc = $crc & 0x8000 ? (($crc << 1) ^ 0x1021) & 0xffff
+                             : ($crc << 1) & 0xffff for 1 .. 8;
+    }
+    return $crc % 16384;
+}
+
+# a split record as redis-cli shows it: the head is small and names the
+# body's length; the body key, in the head's slot, outlives the head
+sub split_record {
+    my ($key, $size) = @_;
+    my $rkey = $ENV{TEST_NGINX_PREFIX} . Digest::SHA::sha256_hex('t')
+               . ":$key";
+    my $head = redis_cli('GET', $rkey);
+    my ($owner) = $head =~ /^idem1 split [0-9a-f]{64} ([0-9a-f]+) \d+ 200\r\n/;
+    my $bkey = "$ENV{TEST_NGINX_PREFIX}\{$rkey\}:body:" . ($owner // '');
+
+    Test::More::ok($owner, 'the head says "split"');
+    Test::More::like($head, qr/\r\n\r\n$size$/,
+                     'the head ends with the body length');
+    Test::More::is(redis_cli('STRLEN', $bkey), $size,
+                   'the body is a string of its own');
+    Test::More::is(key_slot($bkey), key_slot($rkey),
+                   'in the hash slot of the record');
+    Test::More::cmp_ok(redis_cli('PTTL', $bkey), '>', redis_cli('PTTL', $rkey),
+                       'and it outlives the head');
+}
+
+# a counter of INFO stats
+sub redis_stat {
+    my ($name) = @_;
+    my ($v) = redis_cli('INFO', 'stats') =~ /^$name:(\d+)/m;
+    return $v // -1;
+}
+
+# what five mismatching duplicates of the 20 MB record cost Redis in bytes
+sub mismatch_egress {
+    my $before = redis_stat('total_net_output_bytes');
+    my @status = map { (post('/b20', 'b20-1', 10, 'y'))[0] } 1 .. 5;
+    my $after = redis_stat('total_net_output_bytes');
+
+    Test::More::is("@status", '422 422 422 422 422',
+                   'five duplicates with another body: 422');
+    Test::More::cmp_ok($after - $before, '<', 65536,
+                       'they cost Redis less than 64 KiB of output');
+}
+
+# the commands Redis ran for one retry of a small record (INFO itself is
+# counted once: the second INFO sees the first)
+sub small_hit_commands {
+    my $before = redis_stat('total_commands_processed');
+    my ($status) = post('/small', 'small-hit');
+    my $after = redis_stat('total_commands_processed');
+
+    Test::More::is($status, 201, 'the retry of a small record is answered');
+    Test::More::is($after - $before - 1, 1,
+                   'a HIT of a small record is one command');
+}
+
+# one POST on its own connection: (status, body length, body sha256)
+sub post {
+    my ($uri, $key, $timeout, $body) = @_;
+    $body //= 'x';
+
+    my $sock = IO::Socket::INET->new(
+        PeerAddr => '127.0.0.1',
+        PeerPort => $ENV{TEST_NGINX_SERVER_PORT},
+        Timeout  => $timeout // 10,
+    ) or return (0);
+
+    print $sock "POST $uri HTTP/1.1\r\nHost: localhost\r\n"
+                . "Idempotency-Key: $key\r\nContent-Length: "
+                . length($body) . "\r\nConnection: close\r\n\r\n$body";
+
+    my ($head, $buf) = ('', '');
+    while ($head !~ /\r\n\r\n/) {
+        sysread($sock, $head, 65536, length $head) or return (0);
+    }
+    ($head, $buf) = split /\r\n\r\n/, $head, 2;
+    my ($status) = $head =~ m{^HTTP/1\.1 (\d+)};
+
+    my $sha = Digest::SHA->new(256);
+    my $len = length $buf;
+    $sha->add($buf);
+    while (sysread($sock, $buf, 1 << 20)) {
+        $len += length $buf;
+        $sha->add($buf);
+    }
+
+    return ($status, $len, $sha->hexdigest);
+}
+
+# Small requests on fresh keys, one after the other, until $stop becomes
+# readable; prints "<answers> <statuses other than 201>" to $out.
+sub small_loop {
+    my ($stop, $out) = @_;
+
+    my ($n, @bad) = (0);
+    my $rin = '';
+    vec($rin, fileno($stop), 1) = 1;
+
+    until (select(my $r = $rin, undef, undef, 0)) {
+        my ($status) = post('/small', "small-$$-$n");
+        push @bad, $status if $status != 201;
+        $n++;
+        Time::HiRes::sleep(0.01);
+    }
+
+    print $out "$n @bad\n";
+    close $out;
+    POSIX::_exit(0);
+}
+
+# the big record stored, then replayed, while the small loop runs
+sub big_while_small {
+    pipe(my $stop_r, my $stop_w) or die "pipe: $!";
+    pipe(my $res_r, my $res_w) or die "pipe: $!";
+
+    my $pid = fork();
+    die "fork: $!" unless defined $pid;
+
+    if ($pid == 0) {
+        close $stop_w;
+        close $res_r;
+        small_loop($stop_r, $res_w);
+    }
+
+    close $stop_r;
+    close $res_w;
+
+    my @first = post('/big', 'big-1', 60);
+
+    my $end = Time::HiRes::time() + 30 * $Slow;
+    Time::HiRes::sleep(0.1)
+        while record_state('big-1') ne 'done' && Time::HiRes::time() < $end;
+    my $state = record_state('big-1');
+
+    my @replay = post('/big', 'big-1', 60);
+
+    Time::HiRes::sleep(0.3);
+    close $stop_w;
+    my $res = <$res_r> // '';
+    waitpid($pid, 0);
+    my ($n, @bad) = split ' ', $res;
+
+    Test::More::is("@first", "200 $Size $Sha", 'the first request is answered');
+    Test::More::is($state, 'split', 'the 60 MB record is stored, its body '
+                   . 'apart');
+    Test::More::is("@replay", "200 $Size $Sha", 'the record is replayed');
+    Test::More::cmp_ok($n // 0, '>', 5, 'small requests ran meanwhile');
+    Test::More::is("@bad", '', 'every small request was answered 201');
+}
+
+no_shuffle();
+run_tests();
+
+__DATA__
+
+=== TEST 1: a 60 MB record is stored and replayed while small requests on other keys all get their answer
+--- http_config eval: $::HttpConfig
+--- config eval: $::Config
+--- log_level: info
+--- init
+main::big_while_small();
+--- request
+POST /small
+x
+--- more_headers
+Idempotency-Key: after-big
+--- error_code: 201
+--- grep_error_log: EXEC GET /files/big.bin
+--- grep_error_log_out
+EXEC GET /files/big.bin
+--- no_error_log
+[alert]
+[error]
+reconnecting
+--- timeout: 60
+
+
+
+=== TEST 2: a response over idempotency_max_response_size reaches the client in full
+--- request
+POST /over
+x
+--- more_headers
+Idempotency-Key: over-1
+--- error_code: 200
+--- response_body eval
+$::Over
+
+
+
+=== TEST 3: ... and keeps its over-size marker: a retry is refused, the upstream is not called again
+--- init
+Test::More::is(main::record_state('over-1'), 'oversize', 'the record is marked over-size');
+--- request
+POST /over
+x
+--- more_headers
+Idempotency-Key: over-1
+--- error_code: 422
+--- response_body_like chomp
+not available
+--- grep_error_log: EXEC GET /files/over.bin
+--- grep_error_log_out
+EXEC GET /files/over.bin
+
+
+
+=== TEST 4: a 20 MB record, stored with its body apart
+--- request
+POST /b20
+x
+--- more_headers
+Idempotency-Key: b20-1
+--- error_code: 200
+--- response_headers
+Content-Length: 20971520
+
+
+
+=== TEST 5: mismatching duplicates never fetch the stored body
+--- init
+main::split_record('b20-1', 20 * 1024 * 1024);
+main::mismatch_egress();
+--- request
+POST /b20
+z
+--- more_headers
+Idempotency-Key: b20-1
+--- error_code: 422
+--- grep_error_log: EXEC GET /files/b20.bin
+--- grep_error_log_out
+EXEC GET /files/b20.bin
+
+
+
+=== TEST 6: a small record: first request
+--- request
+POST /small
+x
+--- more_headers
+Idempotency-Key: small-hit
+--- error_code: 201
+
+
+
+=== TEST 7: ... its retry costs Redis one command, as before
+--- init
+main::small_hit_commands();
+--- request
+POST /small
+x
+--- more_headers
+Idempotency-Key: small-hit
+--- error_code: 201
+--- response_headers
+Idempotent-Replayed: true
