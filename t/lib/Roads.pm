@@ -496,12 +496,14 @@ CONF
                   '--gen-suppressions=all', '--num-callers=100',
                   '--trace-children=no');
         push @vg, '--suppressions=valgrind.suppress' if -f 'valgrind.suppress';
-        push @vg, "--log-file=$ENV{TEST_NGINX_VALGRIND_LOG}.%p"
-            if $ENV{TEST_NGINX_VALGRIND_LOG};
         @cmd = (@vg, @cmd);
     }
+    # valgrind reports to stderr: into make test-valgrind's log, which
+    # scripts/valgrind-check.sh reads, as the runner does
+    my $stderr = $ENV{TEST_NGINX_USE_VALGRIND} && $ENV{TEST_NGINX_VALGRIND_LOG}
+                 || "$prefix/logs/stderr.log";
     my $pid = spawn(sub {
-        open STDERR, '>>', "$prefix/logs/stderr.log";
+        open STDERR, '>>', $stderr;
         exec @cmd;
     });
     my $gone = 0;
@@ -509,7 +511,7 @@ CONF
         $gone = waitpid($pid, POSIX::WNOHANG()) != 0;
         return $gone || port_open($port);
     });
-    die "nginx did not start:\n" . slurp("$prefix/logs/stderr.log")
+    die "nginx did not start:\n" . slurp($stderr)
         . slurp("$prefix/logs/error.log") if $gone || !port_open($port);
     return $pid;
 }
