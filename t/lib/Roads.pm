@@ -189,7 +189,8 @@ sub render {
     if ($kind eq 'chunked') {
         return { status => 201, headers => ['Content-Type', 'text/plain'],
                  chunked => 1,
-                 body => join '', map { "line $_ of execution $id\n" } 1 .. 300 };
+                 body => join '', map { "line $_ of execution $id\n" }
+                                  1 .. 300 };
     }
     if ($kind eq '204') {
         return { status => 204, headers => [], body => '' };
@@ -638,7 +639,8 @@ sub h2_python {
     need('File::Spec');
     for my $py ('/usr/bin/python3', which('python3')) {
         next unless $py && -x $py;
-        return $py if system("'$py' -c 'import h2.connection' 2>/dev/null") == 0;
+        return $py
+            if system("'$py' -c 'import h2.connection' 2>/dev/null") == 0;
     }
     return undef;
 }
@@ -696,7 +698,8 @@ sub signature {
     return join "\n", $r->{status} // 0,
         map({ "$_: " . join(', ', @{ $h->{$_} || [] }) }
             qw(content-type content-encoding)),
-        Digest::SHA::sha256_hex($r->{body} // '') . ' ' . length($r->{body} // '');
+        Digest::SHA::sha256_hex($r->{body} // '') . ' '
+        . length($r->{body} // '');
 }
 
 sub replayed {
