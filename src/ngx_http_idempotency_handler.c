@@ -3,10 +3,6 @@
  * content handler (MISS), replay (HIT) or answer with a problem.
  */
 
-#include <openssl/evp.h>
-#include <openssl/rand.h>
-#include <openssl/sha.h>
-
 #include "ngx_http_idempotency_module.h"
 #include "ngx_http_idempotency_claim.h"
 #include "ngx_http_idempotency_key.h"
@@ -15,6 +11,10 @@
 #include "ngx_http_idempotency_stats.h"
 
 #include <stdlib.h>
+
+#include <openssl/evp.h>
+#include <openssl/rand.h>
+#include <openssl/sha.h>
 
 
 #define NGX_HTTP_IDEMPOTENCY_WAIT_STEP_MIN  20
