@@ -14,7 +14,10 @@ set -eu
 build="gcc make libc6-dev dpkg-dev nginx nginx-dev libhiredis-dev libssl-dev
        libpcre2-dev zlib1g-dev"
 run="redis-server redis-tools curl"
-test="perl libtest-base-perl libcmocka-dev python3 openssl"
+# t/150-roads.t: fcgiwrap (the fastcgi_pass road), python3-h2 (its HTTP/2
+# client); t/152-stripe.t: python3-stripe (a real client with a timeout)
+test="perl libtest-base-perl libcmocka-dev python3 openssl fcgiwrap
+      python3-h2 python3-stripe"
 # what the real Test::Nginx needs besides Test::Base (make test
 # TEST_NGINX_LIB=...: the suite under openresty's runner)
 test="$test libtext-diff-perl libtest-longstring-perl liblist-moreutils-perl
@@ -83,9 +86,9 @@ fi
 echo "setup: installing$missing"
 export DEBIAN_FRONTEND=noninteractive
 
-# Package scripts start nginx (port 80), redis-server (port 6379) and
-# memcached (port 11211) unless policy-rc.d says no. Docker images ship
-# one; add ours when there is none.
+# Package scripts start nginx (port 80), redis-server (port 6379),
+# memcached (port 11211) and fcgiwrap unless policy-rc.d says no. Docker
+# images ship one; add ours when there is none.
 policy=/usr/sbin/policy-rc.d
 if [ ! -e $policy ]; then
     printf '#!/bin/sh\n# added by scripts/setup.sh for its apt-get run\nexit 101\n' \
@@ -95,18 +98,19 @@ if [ ! -e $policy ]; then
     trap 'exit 130' INT
     trap 'exit 143' TERM
 fi
-before=" $(pids_named nginx redis-server memcached | tr '\n' ' ') "
+before=" $(pids_named nginx redis-server memcached fcgiwrap | tr '\n' ' ') "
 
 apt-get update
 apt-get install -y --no-install-recommends $missing
 
 # Whatever a package script still managed to start goes away again.
 new=
-for pid in $(pids_named nginx redis-server memcached); do
+for pid in $(pids_named nginx redis-server memcached fcgiwrap); do
     case $before in *" $pid "*) ;; *) new="$new $pid" ;; esac
 done
 if [ -n "$new" ] && [ -d /run/systemd/system ]; then
     systemctl stop nginx.service redis-server.service memcached.service \
+        fcgiwrap.service fcgiwrap.socket \
         || true
 fi
 for pid in $new; do

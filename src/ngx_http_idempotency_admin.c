@@ -200,7 +200,7 @@ ngx_http_idempotency_admin_args(ngx_http_request_t *r,
     ngx_http_idempotency_loc_conf_t    *ilcf;
     ngx_http_idempotency_redis_conf_t  *rcf;
     u_char                              hex[
-                                         NGX_HTTP_IDEMPOTENCY_SCOPE_HASH_LEN];
+                                         NGX_HTTP_IDEMPOTENCY_SCOPE_HEX_LEN];
 
     ilcf = ngx_http_get_module_loc_conf(r, ngx_http_idempotency_module);
     rcf = ilcf->redis;
@@ -266,7 +266,7 @@ ngx_http_idempotency_admin_args(ngx_http_request_t *r,
 
     } else if (has_hash == NGX_OK) {
 
-        if (hash.len != NGX_HTTP_IDEMPOTENCY_SCOPE_HASH_LEN) {
+        if (hash.len != NGX_HTTP_IDEMPOTENCY_SCOPE_HEX_LEN) {
             *error = "scope_hash must be 64 hexadecimal digits.";
             return NGX_DECLINED;
         }
@@ -291,7 +291,7 @@ ngx_http_idempotency_admin_args(ngx_http_request_t *r,
 
     /* <prefix><scope hash>:<key>, as the protected location builds it */
 
-    ctx->rkey.len = rcf->prefix.len + NGX_HTTP_IDEMPOTENCY_SCOPE_HASH_LEN + 1
+    ctx->rkey.len = rcf->prefix.len + NGX_HTTP_IDEMPOTENCY_SCOPE_HEX_LEN + 1
                     + ctx->key.len;
     ctx->rkey.data = ngx_pnalloc(r->pool, ctx->rkey.len);
     if (ctx->rkey.data == NULL) {
@@ -299,7 +299,7 @@ ngx_http_idempotency_admin_args(ngx_http_request_t *r,
     }
 
     p = ngx_cpymem(ctx->rkey.data, rcf->prefix.data, rcf->prefix.len);
-    p = ngx_cpymem(p, hex, NGX_HTTP_IDEMPOTENCY_SCOPE_HASH_LEN);
+    p = ngx_cpymem(p, hex, NGX_HTTP_IDEMPOTENCY_SCOPE_HEX_LEN);
     *p++ = ':';
     ngx_memcpy(p, ctx->key.data, ctx->key.len);
 

@@ -580,6 +580,21 @@ ngx_http_idempotency_claim_judge(ngx_http_request_t *r,
         return;
     }
 
+    if (ctx->status < 200 && ngx_http_idempotency_upstream_reached(r)) {
+        /*
+         * nginx before 1.29 passes an upstream's 103 Early Hints on as
+         * its final answer and drops the real one: the operation ran, but
+         * its response is lost
+         */
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "idempotency: the upstream's interim %ui response "
+                      "ended the request of key_hash=%s, the outcome is "
+                      "unknown and held for idempotency_ttl",
+                      ctx->status, ngx_http_idempotency_key_hash(&ctx->rkey));
+        ctx->hold = 1;
+        return;
+    }
+
     redirected = (r->error_page && !ctx->error_page);
 
     if (redirected

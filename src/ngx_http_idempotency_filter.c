@@ -20,6 +20,15 @@ static ngx_int_t ngx_http_idempotency_client_gone(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, ngx_chain_t *in);
 static ngx_int_t ngx_http_idempotency_capture(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, ngx_buf_t *b);
+static ngx_int_t ngx_http_idempotency_keep_tail(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_chain_t *in);
+static void ngx_http_idempotency_guard_reading(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+static void ngx_http_idempotency_test_reading(ngx_http_request_t *r);
+
+
+/* its buffers are sunk too when the client went away */
+extern ngx_module_t  ngx_http_copy_filter_module;
 
 
 static ngx_http_output_header_filter_pt  ngx_http_next_header_filter;
@@ -95,6 +104,9 @@ ngx_http_idempotency_header_filter(ngx_http_request_t *r)
     }
 
     rc = ngx_http_next_header_filter(r);
+
+    /* as the client sees it: the filters below may have removed it */
+    ctx->length = r->headers_out.content_length_n;
 
     if (rc == NGX_ERROR && r->connection->error
         && ctx->state == NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED
@@ -276,6 +288,7 @@ ngx_http_idempotency_stored_header(ngx_http_idempotency_ctx_t *ctx,
 static ngx_int_t
 ngx_http_idempotency_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
 {
+    off_t                        size;
     ngx_int_t                    rc;
     ngx_chain_t                 *cl;
     ngx_http_idempotency_ctx_t  *ctx;
@@ -312,6 +325,8 @@ ngx_http_idempotency_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
     if (in && ctx->state == NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED
         && ctx->header_seen)
     {
+        size = 0;
+
         for (cl = in; cl; cl = cl->next) {
 
             if (ctx->capture
@@ -320,9 +335,36 @@ ngx_http_idempotency_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
                 return NGX_ERROR;
             }
 
+            size += ngx_buf_size(cl->buf);
+
             if (cl->buf->last_buf) {
                 ctx->complete = 1;
             }
+        }
+
+        ctx->sent += size;
+
+        /*
+         * A client that counts the bytes of a Content-Length holds the
+         * whole response with the chain that completes it, which may come
+         * before the one with the last buffer: that chain waits for it.
+         */
+
+        if (ctx->tail
+            || (!ctx->complete && ctx->length >= 0
+                && ctx->sent >= ctx->length
+                && !ctx->client_gone && !r->connection->error))
+        {
+            if (ngx_http_idempotency_keep_tail(r, ctx, in) != NGX_OK) {
+                return NGX_ERROR;
+            }
+
+            if (!ctx->complete) {
+                return NGX_AGAIN;
+            }
+
+            in = ctx->tail;
+            ctx->tail = NULL;
         }
 
         if (ctx->complete
@@ -333,8 +375,28 @@ ngx_http_idempotency_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
         }
     }
 
+    if (ctx->state == NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED
+        && ctx->header_seen && !ctx->complete)
+    {
+        ngx_http_idempotency_guard_reading(r, ctx);
+    }
+
     if (ctx->client_gone) {
         ngx_http_idempotency_swallow(in);
+
+        if (ctx->complete
+            && (r->upstream == NULL || r->upstream->cleanup == NULL))
+        {
+            /*
+             * The record has it all: the request ends, instead of waiting
+             * for what HTTP/2 queued for a gone client until send_timeout
+             */
+            ngx_log_debug0(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                           "idempotency: response read to its end, "
+                           "the client is gone");
+            return NGX_ERROR;
+        }
+
         return NGX_OK;
     }
 
@@ -363,6 +425,8 @@ static ngx_int_t
 ngx_http_idempotency_client_gone(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, ngx_chain_t *in)
 {
+    ngx_output_chain_ctx_t  *occ;
+
     ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
                   "idempotency: client of key_hash=%s went away, the rest "
                   "of the response is read for the record only",
@@ -375,7 +439,101 @@ ngx_http_idempotency_client_gone(ngx_http_request_t *r,
     /* what the write filter kept of earlier calls is not sent either */
     ngx_http_idempotency_swallow(r->out);
 
+    /*
+     * nor what HTTP/2 keeps queued in its frames: the copy filter (a file
+     * read into memory) gets its buffers back and reads on to the end
+     */
+
+    occ = ngx_http_get_module_ctx(r, ngx_http_copy_filter_module);
+
+    if (occ) {
+        ngx_http_idempotency_swallow(occ->busy);
+    }
+
     return NGX_OK;
+}
+
+
+/* the links are the caller's: the buffers are kept on links of our own */
+
+static ngx_int_t
+ngx_http_idempotency_keep_tail(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_chain_t *in)
+{
+    ngx_chain_t  *cl, **ll;
+
+    for (ll = &ctx->tail; *ll; ll = &(*ll)->next) { /* void */ }
+
+    for ( /* void */ ; in; in = in->next) {
+        cl = ngx_alloc_chain_link(r->pool);
+        if (cl == NULL) {
+            return NGX_ERROR;
+        }
+
+        cl->buf = in->buf;
+        *ll = cl;
+        ll = &cl->next;
+    }
+
+    *ll = NULL;
+
+    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "idempotency: the end of the %O bytes of \"%V\" waits "
+                   "for the last buffer", ctx->length, &ctx->rkey);
+
+    return NGX_OK;
+}
+
+
+/*
+ * A response that nginx finishes writing without an upstream (a static
+ * file after X-Accel-Redirect, or the rest of a buffered one): nginx's
+ * read handler for a writing request ends it when the client goes away,
+ * and the record would be left incomplete.  Until the response's last
+ * buffer passed, a read event only makes the writer write on: a client
+ * that left is seen there, and the filter sinks the rest (client_gone).
+ * The handler is set when the request goes to writing, after the first
+ * call of the filter: the write event is posted once to come back then.
+ */
+
+static void
+ngx_http_idempotency_guard_reading(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx)
+{
+    if (r->read_event_handler == ngx_http_test_reading) {
+        r->read_event_handler = ngx_http_idempotency_test_reading;
+        return;
+    }
+
+    if (!ctx->guarded
+        && r->read_event_handler != ngx_http_idempotency_test_reading
+        && (r->upstream == NULL || r->upstream->cleanup == NULL))
+    {
+        ctx->guarded = 1;
+        ngx_post_event(r->connection->write, &ngx_posted_events);
+    }
+}
+
+
+static void
+ngx_http_idempotency_test_reading(ngx_http_request_t *r)
+{
+    ngx_http_idempotency_ctx_t  *ctx;
+
+    ctx = ngx_http_idempotency_get_ctx(r);
+
+    if (ctx == NULL || ctx->state != NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED
+        || ctx->complete)
+    {
+        r->read_event_handler = ngx_http_test_reading;
+        ngx_http_test_reading(r);
+        return;
+    }
+
+    ngx_log_debug0(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "idempotency: read event, the response goes on");
+
+    r->write_event_handler(r);
 }
 
 

@@ -17,8 +17,6 @@
 
 /* hex digits of a scope hash */
 #define NGX_HTTP_IDEMPOTENCY_SCOPE_HEX_LEN      64
-#define NGX_HTTP_IDEMPOTENCY_SCOPE_HASH_LEN                                   \
-    NGX_HTTP_IDEMPOTENCY_SCOPE_HEX_LEN
 
 /* the HMAC key of idempotency_scope_secret, padded as HMAC wants it */
 #define NGX_HTTP_IDEMPOTENCY_SCOPE_BLOCK        64
