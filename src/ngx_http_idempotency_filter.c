@@ -20,8 +20,6 @@ static ngx_int_t ngx_http_idempotency_client_gone(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, ngx_chain_t *in);
 static ngx_int_t ngx_http_idempotency_capture(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, ngx_buf_t *b);
-static ngx_int_t ngx_http_idempotency_keep_tail(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx, ngx_chain_t *in);
 static void ngx_http_idempotency_guard_reading(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 static void ngx_http_idempotency_test_reading(ngx_http_request_t *r);
@@ -104,9 +102,6 @@ ngx_http_idempotency_header_filter(ngx_http_request_t *r)
     }
 
     rc = ngx_http_next_header_filter(r);
-
-    /* as the client sees it: the filters below may have removed it */
-    ctx->length = r->headers_out.content_length_n;
 
     if (rc == NGX_ERROR && r->connection->error
         && ctx->state == NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED
@@ -288,7 +283,6 @@ ngx_http_idempotency_stored_header(ngx_http_idempotency_ctx_t *ctx,
 static ngx_int_t
 ngx_http_idempotency_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
 {
-    off_t                        size;
     ngx_int_t                    rc;
     ngx_chain_t                 *cl;
     ngx_http_idempotency_ctx_t  *ctx;
@@ -325,8 +319,6 @@ ngx_http_idempotency_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
     if (in && ctx->state == NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED
         && ctx->header_seen)
     {
-        size = 0;
-
         for (cl = in; cl; cl = cl->next) {
 
             if (ctx->capture
@@ -335,36 +327,9 @@ ngx_http_idempotency_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
                 return NGX_ERROR;
             }
 
-            size += ngx_buf_size(cl->buf);
-
             if (cl->buf->last_buf) {
                 ctx->complete = 1;
             }
-        }
-
-        ctx->sent += size;
-
-        /*
-         * A client that counts the bytes of a Content-Length holds the
-         * whole response with the chain that completes it, which may come
-         * before the one with the last buffer: that chain waits for it.
-         */
-
-        if (ctx->tail
-            || (!ctx->complete && ctx->length >= 0
-                && ctx->sent >= ctx->length
-                && !ctx->client_gone && !r->connection->error))
-        {
-            if (ngx_http_idempotency_keep_tail(r, ctx, in) != NGX_OK) {
-                return NGX_ERROR;
-            }
-
-            if (!ctx->complete) {
-                return NGX_AGAIN;
-            }
-
-            in = ctx->tail;
-            ctx->tail = NULL;
         }
 
         if (ctx->complete
@@ -449,37 +414,6 @@ ngx_http_idempotency_client_gone(ngx_http_request_t *r,
     if (occ) {
         ngx_http_idempotency_swallow(occ->busy);
     }
-
-    return NGX_OK;
-}
-
-
-/* the links are the caller's: the buffers are kept on links of our own */
-
-static ngx_int_t
-ngx_http_idempotency_keep_tail(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx, ngx_chain_t *in)
-{
-    ngx_chain_t  *cl, **ll;
-
-    for (ll = &ctx->tail; *ll; ll = &(*ll)->next) { /* void */ }
-
-    for ( /* void */ ; in; in = in->next) {
-        cl = ngx_alloc_chain_link(r->pool);
-        if (cl == NULL) {
-            return NGX_ERROR;
-        }
-
-        cl->buf = in->buf;
-        *ll = cl;
-        ll = &cl->next;
-    }
-
-    *ll = NULL;
-
-    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
-                   "idempotency: the end of the %O bytes of \"%V\" waits "
-                   "for the last buffer", ctx->length, &ctx->rkey);
 
     return NGX_OK;
 }

@@ -176,13 +176,6 @@ typedef struct {
     ngx_event_t                          held_timer;
     ngx_queue_t                          queue;    /* of waiting requests */
 
-    /*
-     * Content-Length framing (ngx_http_idempotency_filter.c): the chain
-     * that completes the announced length waits with the last buffer
-     */
-    off_t                                length;   /* as sent, or -1 */
-    off_t                                sent;     /* body bytes passed */
-    ngx_chain_t                         *tail;
     /* the write event was posted to guard the client's read handler */
     unsigned                             guarded:1;
 } ngx_http_idempotency_ctx_t;

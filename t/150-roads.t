@@ -48,6 +48,11 @@ our %KNOWN_FAIL = (
     # out before Redis acknowledged the record: a client retrying at once
     # may get 409 (intermittent, every protocol)
     '*/*/204/quick'                 => 'read-after-complete, header only',
+    # with a Content-Length the chain that completes it can go out before
+    # the (empty) last buffer, which is the one held for the settle reply:
+    # a client counting the bytes may retry first (seen over HTTP/1.0,
+    # intermittent)
+    'http1.0/*/*/quick'             => 'read-after-complete, length-framed',
 );
 
 plan skip_all => 'TEST_NGINX_LOAD_MODULES is not set (run via make test)'
