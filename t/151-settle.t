@@ -623,11 +623,16 @@ for my $uri ('/ranged', '/accel-file') {
                    '200 HIT 0123456789', "$uri: the replay is the full 200");
     Test::More::is(main::execs($k), 1, "$uri: ran once");
 }
-my $r = main::raw(uri => '/hint', key => 'hint-1');
-Test::More::is($r->{status}, 103, '1xx: answered');
-$r = main::raw(uri => '/hint', key => 'hint-1');
-Test::More::is("$r->{status} " . main::st($r), '502 UNKNOWN',
-               '1xx: never stored; the upstream ran, so the key is held');
+# nginx 1.29.0 and newer take an upstream's 103 as interim and wait for
+# the final answer (t/141 covers that): the 103-as-answer case is older
+# nginx's only
+if ($Test::Nginx::Util::NginxVersion < 1.029000) {
+    my $r = main::raw(uri => '/hint', key => 'hint-1');
+    Test::More::is($r->{status}, 103, '1xx: answered');
+    $r = main::raw(uri => '/hint', key => 'hint-1');
+    Test::More::is("$r->{status} " . main::st($r), '502 UNKNOWN',
+                   '1xx: never stored; the upstream ran, so the key is held');
+}
 --- request
 GET /ok
 --- error_code: 200
