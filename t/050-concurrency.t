@@ -259,9 +259,16 @@ return if !$ENV{TEST_NGINX_REDIS_CTL};    # skipped (the real Test::Nginx runs i
 use Digest::SHA ();
 main::first_request('/t', 'fence-1');
 # the claim disappears (as after an eviction or a Redis without
-# persistence restarting): the duplicate claims the key anew
-main::redis_cli('DEL', $ENV{TEST_NGINX_PREFIX} . Digest::SHA::sha256_hex('test:')
-                       . ':fence-1');
+# persistence restarting): the duplicate claims the key anew.  Wait until
+# the first request's claim is there (a loaded machine can take longer
+# than first_request's half second).
+my $rkey = $ENV{TEST_NGINX_PREFIX} . Digest::SHA::sha256_hex('test:')
+           . ':fence-1';
+for (1 .. 100) {
+    last if main::redis_cli('EXISTS', $rkey) =~ /1/;
+    select(undef, undef, undef, 0.05);
+}
+main::redis_cli('DEL', $rkey);
 --- request
 POST /t
 x
