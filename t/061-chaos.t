@@ -58,13 +58,14 @@ $run = storm_passes('reload', @common, '--chaos', 'reload',
                     '--chaos-events', 4, '--chaos-interval', '0.5s');
 like(summary($run, 'chaos'), qr/\breload 4\b/, 'reload: four reloads');
 
-# A worker SIGKILLed twice.  Its claims stay until the lock TTL (10 s);
-# clients give a key up after 6 s, so a key the dead worker ran ends
-# unanswered, never run twice.
+# A worker SIGKILLed twice (once when a slow machine, valgrind or a
+# loaded CI, ends the storm before the second kill).  Its claims stay
+# until the lock TTL (10 s); clients give a key up after 6 s, so a key the
+# dead worker ran ends unanswered, never run twice.
 $run = storm_passes('worker-kill', @common, '--chaos', 'worker-kill');
-like(summary($run, 'chaos'), qr/\bworker-kill 2\b/,
-     'worker-kill: two workers killed');
-like(summary($run, 'killed workers'), qr/^n0:\d+ n0:\d+;/,
+like(summary($run, 'chaos'), qr/\bworker-kill [12]\b/,
+     'worker-kill: workers killed');
+like(summary($run, 'killed workers'), qr/^n0:\d+( n0:\d+)?;/,
      'worker-kill: the killed workers are reported');
 
 # The upstream does the work, then resets the connection or stalls past

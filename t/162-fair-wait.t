@@ -9,7 +9,11 @@
 # replay.  The upstream is slowed down with limit_rate so that both first
 # requests run for the whole choreography.
 
-use Test::Nginx::Socket 'no_plan';
+# Under valgrind 1100 connections cannot be opened and answered within the
+# choreography's timings; the wait paths run there through t/050 and t/160.
+use Test::Nginx::Socket $ENV{TEST_NGINX_USE_VALGRIND}
+    ? (skip_all => 'a flood of 1100 duplicates is not run under valgrind')
+    : 'no_plan';
 use lib 't/lib';
 use IdemTest;
 use IO::Select ();
