@@ -42,6 +42,10 @@ static ngx_int_t ngx_http_idempotency_admin_inspected(ngx_http_request_t *r,
     ngx_http_idempotency_admin_ctx_t *ctx, redisReply *reply);
 static ngx_int_t ngx_http_idempotency_admin_purged(ngx_http_request_t *r,
     ngx_http_idempotency_admin_ctx_t *ctx, redisReply *reply);
+static ngx_str_t  ngx_http_idempotency_admin_type =
+    ngx_string("application/json");
+
+
 static ngx_int_t ngx_http_idempotency_admin_json(ngx_http_request_t *r,
     ngx_http_idempotency_admin_ctx_t *ctx, const char *state,
     ngx_http_idempotency_record_t *rec, long long size, long long ttl);
@@ -530,11 +534,8 @@ ngx_http_idempotency_admin_json(ngx_http_request_t *r,
     ngx_http_idempotency_admin_ctx_t *ctx, const char *state,
     ngx_http_idempotency_record_t *rec, long long size, long long ttl)
 {
-    size_t            len;
-    ngx_int_t         rc;
-    ngx_buf_t        *b;
-    ngx_chain_t       out;
-    ngx_table_elt_t  *h;
+    size_t      len;
+    ngx_buf_t  *b;
 
     len = sizeof("{\n  \"key\": \"\",\n  \"redis_key\": \"\",\n"
                  "  \"key_hash\": \"\",\n  \"state\": \"\",\n"
@@ -595,34 +596,9 @@ ngx_http_idempotency_admin_json(ngx_http_request_t *r,
     b->last = ngx_sprintf(b->last, "  \"fingerprint\": \"%*s\"\n}\n",
                           rec->fp_len, rec->fp);
 
-    b->last_buf = (r == r->main) ? 1 : 0;
-    b->last_in_chain = 1;
-
-    r->headers_out.status = NGX_HTTP_OK;
-    r->headers_out.content_length_n = b->last - b->pos;
-    ngx_str_set(&r->headers_out.content_type, "application/json");
-    r->headers_out.content_type_len = r->headers_out.content_type.len;
-    r->headers_out.content_type_lowcase = NULL;
-
-    h = ngx_list_push(&r->headers_out.headers);
-    if (h == NULL) {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
-    }
-
-    h->hash = 1;
-    ngx_str_set(&h->key, "Cache-Control");
-    ngx_str_set(&h->value, "no-store");
-
-    rc = ngx_http_send_header(r);
-
-    if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
-        return rc;
-    }
-
-    out.buf = b;
-    out.next = NULL;
-
-    return ngx_http_output_filter(r, &out);
+    return ngx_http_idempotency_send_body(r, NGX_HTTP_OK,
+                                          &ngx_http_idempotency_admin_type,
+                                          b, 0);
 }
 
 

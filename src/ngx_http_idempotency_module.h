@@ -213,6 +213,9 @@ ngx_int_t ngx_http_idempotency_send_problem(ngx_http_request_t *r,
 ngx_int_t ngx_http_idempotency_send_problem_text(ngx_http_request_t *r,
     ngx_uint_t status, ngx_str_t *type, ngx_str_t *title, ngx_str_t *detail);
 void ngx_http_idempotency_status_line(ngx_http_request_t *r);
+ngx_int_t ngx_http_idempotency_send_body(ngx_http_request_t *r,
+    ngx_uint_t status, ngx_str_t *type, ngx_buf_t *b,
+    ngx_uint_t retry_after);
 char *ngx_http_idempotency_admin(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 

@@ -82,6 +82,10 @@ static ngx_http_idempotency_problem_t  ngx_http_idempotency_problems[] = {
 };
 
 
+static ngx_str_t  ngx_http_idempotency_problem_content_type =
+    ngx_string("application/problem+json");
+
+
 static ngx_int_t ngx_http_idempotency_problem_send(ngx_http_request_t *r,
     ngx_http_idempotency_problem_t *pr);
 
@@ -148,10 +152,7 @@ ngx_http_idempotency_problem_send(ngx_http_request_t *r,
     ngx_http_idempotency_problem_t *pr)
 {
     size_t                            len;
-    ngx_int_t                         rc;
     ngx_buf_t                        *b;
-    ngx_chain_t                       out;
-    ngx_table_elt_t                  *h;
     ngx_http_idempotency_loc_conf_t  *ilcf;
 
     ilcf = ngx_http_get_module_loc_conf(r, ngx_http_idempotency_module);
@@ -178,14 +179,33 @@ ngx_http_idempotency_problem_send(ngx_http_request_t *r,
                           "\"status\":%ui,\"detail\":\"%V\"}\n",
                           &ilcf->problem_type, &pr->type, &pr->title,
                           pr->status, &pr->detail);
+    return ngx_http_idempotency_send_body(r, pr->status,
+                                 &ngx_http_idempotency_problem_content_type,
+                                 b, pr->retry_after);
+}
+
+
+/*
+ * A body the module answers with itself (problems, the admin endpoint):
+ * never cached, Retry-After when retry_after is not 0.
+ */
+
+ngx_int_t
+ngx_http_idempotency_send_body(ngx_http_request_t *r, ngx_uint_t status,
+    ngx_str_t *type, ngx_buf_t *b, ngx_uint_t retry_after)
+{
+    ngx_int_t         rc;
+    ngx_chain_t       out;
+    ngx_table_elt_t  *h;
+
     b->last_buf = (r == r->main) ? 1 : 0;
     b->last_in_chain = 1;
 
-    r->headers_out.status = pr->status;
+    r->headers_out.status = status;
     ngx_http_idempotency_status_line(r);
     r->headers_out.content_length_n = b->last - b->pos;
-    ngx_str_set(&r->headers_out.content_type, "application/problem+json");
-    r->headers_out.content_type_len = r->headers_out.content_type.len;
+    r->headers_out.content_type = *type;
+    r->headers_out.content_type_len = type->len;
     r->headers_out.content_type_lowcase = NULL;
 
     h = ngx_list_push(&r->headers_out.headers);
@@ -197,7 +217,7 @@ ngx_http_idempotency_problem_send(ngx_http_request_t *r,
     ngx_str_set(&h->key, "Cache-Control");
     ngx_str_set(&h->value, "no-store");
 
-    if (pr->retry_after) {
+    if (retry_after) {
         h = ngx_list_push(&r->headers_out.headers);
         if (h == NULL) {
             return NGX_HTTP_INTERNAL_SERVER_ERROR;
@@ -210,7 +230,7 @@ ngx_http_idempotency_problem_send(ngx_http_request_t *r,
 
         h->hash = 1;
         ngx_str_set(&h->key, "Retry-After");
-        h->value.len = ngx_sprintf(h->value.data, "%ui", pr->retry_after)
+        h->value.len = ngx_sprintf(h->value.data, "%ui", retry_after)
                        - h->value.data;
     }
 
