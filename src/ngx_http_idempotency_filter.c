@@ -11,8 +11,14 @@
 static ngx_int_t ngx_http_idempotency_header_filter(ngx_http_request_t *r);
 static ngx_int_t ngx_http_idempotency_body_filter(ngx_http_request_t *r,
     ngx_chain_t *in);
+static ngx_uint_t ngx_http_idempotency_header_only(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
 static ngx_int_t ngx_http_idempotency_snapshot(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
+static ngx_int_t ngx_http_idempotency_release_held(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_chain_t *in);
+static ngx_int_t ngx_http_idempotency_keep_tail(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_chain_t **in);
 static ngx_uint_t ngx_http_idempotency_stored_header(
     ngx_http_idempotency_ctx_t *ctx, ngx_table_elt_t *h);
 static void ngx_http_idempotency_swallow(ngx_chain_t *in);
@@ -101,6 +107,32 @@ ngx_http_idempotency_header_filter(ngx_http_request_t *r)
         }
     }
 
+    if (ngx_http_idempotency_header_only(r, ctx) && !r->connection->error) {
+
+        /*
+         * A response that is its header ends here, and the header is the
+         * last the client gets: it waits for the settle step's reply
+         * (read-after-complete), in r->buffered; the body filter sends it.
+         * The header filter would say header_only; it is said now, so that
+         * nginx sends no body after it meanwhile.
+         */
+
+        ctx->complete = 1;
+
+        if (ngx_http_idempotency_settle(ctx) == NGX_OK) {
+            r->header_only = 1;
+            ctx->header_held = 1;
+
+            ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                           "idempotency: header-only response of \"%V\" "
+                           "waits for Redis", &ctx->rkey);
+
+            return ngx_http_idempotency_settle_wait(ctx, NULL);
+        }
+
+        return ngx_http_next_header_filter(r);
+    }
+
     rc = ngx_http_next_header_filter(r);
 
     if (rc == NGX_ERROR && r->connection->error
@@ -116,16 +148,23 @@ ngx_http_idempotency_header_filter(ngx_http_request_t *r)
      * response (HEAD, 204, 304, HTTP/2 included): it ends here.
      */
 
-    if (ctx->state == NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED
-        && (r->header_only || r->method == NGX_HTTP_HEAD
-            || ctx->status == NGX_HTTP_NO_CONTENT
-            || ctx->status == NGX_HTTP_NOT_MODIFIED))
-    {
+    if (ngx_http_idempotency_header_only(r, ctx)) {
         ctx->complete = 1;
         (void) ngx_http_idempotency_settle(ctx);
     }
 
     return rc;
+}
+
+
+static ngx_uint_t
+ngx_http_idempotency_header_only(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx)
+{
+    return ctx->state == NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED
+           && (r->header_only || r->method == NGX_HTTP_HEAD
+               || ctx->status == NGX_HTTP_NO_CONTENT
+               || ctx->status == NGX_HTTP_NOT_MODIFIED);
 }
 
 
@@ -297,23 +336,8 @@ ngx_http_idempotency_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
         return ngx_http_next_body_filter(r, in);
     }
 
-    if (ctx->held) {
-
-        /* read-after-complete: the last buffer waits for Redis */
-
-        if (ctx->waiting) {
-            return NGX_AGAIN;
-        }
-
-        cl = ctx->held;
-        ctx->held = NULL;
-
-        if (ctx->client_gone) {
-            ngx_http_idempotency_swallow(cl);
-            return NGX_OK;
-        }
-
-        return ngx_http_next_body_filter(r, cl);
+    if (ctx->held || ctx->header_held) {
+        return ngx_http_idempotency_release_held(r, ctx, in);
     }
 
     if (in && ctx->state == NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED
@@ -332,11 +356,28 @@ ngx_http_idempotency_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
             }
         }
 
-        if (ctx->complete
-            && ngx_http_idempotency_settle(ctx) == NGX_OK
-            && !ctx->client_gone && !r->connection->error)
-        {
-            return ngx_http_idempotency_settle_wait(ctx, in);
+        if (!ctx->complete) {
+            if (!ctx->client_gone
+                && ngx_http_idempotency_keep_tail(r, ctx, &in) != NGX_OK)
+            {
+                return NGX_ERROR;
+            }
+
+        } else {
+
+            /* the last byte kept back goes out with the last buffer */
+
+            if (ctx->tail) {
+                ctx->tail->next = in;
+                in = ctx->tail;
+                ctx->tail = NULL;
+            }
+
+            if (ngx_http_idempotency_settle(ctx) == NGX_OK
+                && !ctx->client_gone && !r->connection->error)
+            {
+                return ngx_http_idempotency_settle_wait(ctx, in);
+            }
         }
     }
 
@@ -375,6 +416,184 @@ ngx_http_idempotency_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
     }
 
     return rc;
+}
+
+
+/*
+ * Read-after-complete: the last buffer (or the header of a header-only
+ * response) waits for Redis; once the reply came (or the wait ended),
+ * the header and what was held go on, in order.
+ */
+
+static ngx_int_t
+ngx_http_idempotency_release_held(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_chain_t *in)
+{
+    ngx_int_t     rc;
+    ngx_chain_t  *cl, **ll;
+
+    /* what comes meanwhile goes behind what is held, in its own links */
+
+    for (ll = &ctx->held; *ll; ll = &(*ll)->next) { /* void */ }
+
+    for ( /* void */ ; in; in = in->next) {
+        cl = ngx_alloc_chain_link(r->pool);
+        if (cl == NULL) {
+            return NGX_ERROR;
+        }
+
+        cl->buf = in->buf;
+        *ll = cl;
+        ll = &cl->next;
+    }
+
+    *ll = NULL;
+
+    if (ctx->waiting) {
+        return NGX_AGAIN;
+    }
+
+    cl = ctx->held;
+    ctx->held = NULL;
+
+    if (ctx->header_held) {
+        ctx->header_held = 0;
+
+        rc = ngx_http_next_header_filter(r);
+
+        if (rc == NGX_ERROR || rc > NGX_OK) {
+            return NGX_ERROR;
+        }
+
+        if (cl == NULL) {
+            return rc;
+        }
+    }
+
+    if (ctx->client_gone) {
+        ngx_http_idempotency_swallow(cl);
+        return NGX_OK;
+    }
+
+    return ngx_http_next_body_filter(r, cl);
+}
+
+
+/*
+ * HTTP/1.x with a Content-Length: a client has the whole response with its
+ * last byte, before the (empty) last buffer comes.  That byte is kept back,
+ * in a buffer of its own, and goes out with the last buffer, which waits
+ * for Redis.  The buffer it came in goes on one byte shorter, so that its
+ * owner (the event pipe, the upstream) gets it back and ends the response.
+ */
+
+static ngx_int_t
+ngx_http_idempotency_keep_tail(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_chain_t **in)
+{
+    off_t         size;
+    ssize_t       n;
+    ngx_buf_t    *b, *last;
+    ngx_chain_t  *cl, *out, **ll;
+
+    if (ctx->tail || r->http_version >= NGX_HTTP_VERSION_20
+        || r->headers_out.content_length_n <= 0)
+    {
+        return NGX_OK;
+    }
+
+    last = NULL;
+
+    for (cl = *in; cl; cl = cl->next) {
+        if (ngx_buf_special(cl->buf)) {
+            continue;
+        }
+
+        size = ngx_buf_size(cl->buf);
+
+        if (size > 0) {
+            ctx->sent += size;
+            last = cl->buf;
+        }
+    }
+
+    if (last == NULL || ctx->sent < r->headers_out.content_length_n) {
+        return NGX_OK;
+    }
+
+    b = ngx_create_temp_buf(r->pool, 1);
+    if (b == NULL) {
+        return NGX_ERROR;
+    }
+
+    if (ngx_buf_in_memory(last)) {
+        *b->last++ = *(last->last - 1);
+        last->last--;
+
+        if (last->in_file) {
+            last->file_last--;
+        }
+
+    } else {
+
+        /* a file buffer sent as it is: its last byte is read */
+
+        n = ngx_read_file(last->file, b->last, 1, last->file_last - 1);
+
+        if (n != 1) {
+            ngx_log_error(NGX_LOG_ALERT, r->connection->log, 0,
+                          "idempotency: cannot read the last byte of \"%V\"",
+                          &last->file->name);
+            return NGX_ERROR;
+        }
+
+        b->last++;
+        last->file_last--;
+    }
+
+    cl = ngx_alloc_chain_link(r->pool);
+    if (cl == NULL) {
+        return NGX_ERROR;
+    }
+
+    cl->buf = b;
+    cl->next = NULL;
+    ctx->tail = cl;
+
+    ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "idempotency: last byte of \"%V\" kept for the last "
+                   "buffer", &ctx->rkey);
+
+    if (ngx_buf_size(last) > 0) {
+        return NGX_OK;
+    }
+
+    /*
+     * the buffer was that byte: it is taken as sent and left out of what
+     * goes on (no filter takes an empty buffer), in links of our own
+     */
+
+    out = NULL;
+    ll = &out;
+
+    for (cl = *in; cl; cl = cl->next) {
+        if (cl->buf == last) {
+            continue;
+        }
+
+        *ll = ngx_alloc_chain_link(r->pool);
+        if (*ll == NULL) {
+            return NGX_ERROR;
+        }
+
+        (*ll)->buf = cl->buf;
+        ll = &(*ll)->next;
+    }
+
+    *ll = NULL;
+    *in = out;
+
+    return NGX_OK;
 }
 
 

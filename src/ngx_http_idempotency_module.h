@@ -178,6 +178,16 @@ typedef struct {
 
     /* the write event was posted to guard the client's read handler */
     unsigned                             guarded:1;
+
+    /* a header-only response's header waits for Redis too */
+    unsigned                             header_held:1;
+
+    /*
+     * HTTP/1.x with a Content-Length: the body bytes passed on, and the
+     * response's last byte, kept back until the last buffer comes
+     */
+    off_t                                sent;
+    ngx_chain_t                         *tail;
 } ngx_http_idempotency_ctx_t;
 
 

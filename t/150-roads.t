@@ -44,15 +44,6 @@ use Roads ();
 use Time::HiRes qw(sleep time);
 
 our %KNOWN_FAIL = (
-    # a header-only response (204) is settled at its header, which goes
-    # out before Redis acknowledged the record: a client retrying at once
-    # may get 409 (intermittent, every protocol)
-    '*/*/204/quick'                 => 'read-after-complete, header only',
-    # with a Content-Length the chain that completes it can go out before
-    # the (empty) last buffer, which is the one held for the settle reply:
-    # a client counting the bytes may retry first (seen over HTTP/1.0 and
-    # 1.1, intermittent; HTTP/2 ends the stream with the last buffer)
-    'http1.*/*/*/quick'             => 'read-after-complete, length-framed',
 );
 
 plan skip_all => 'TEST_NGINX_LOAD_MODULES is not set (run via make test)'
