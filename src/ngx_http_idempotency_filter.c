@@ -429,8 +429,9 @@ static ngx_int_t
 ngx_http_idempotency_release_held(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, ngx_chain_t *in)
 {
-    ngx_int_t     rc;
-    ngx_chain_t  *cl, **ll;
+    ngx_int_t                  rc;
+    ngx_chain_t               *cl, **ll;
+    ngx_http_core_loc_conf_t  *clcf;
 
     /* what comes meanwhile goes behind what is held, in its own links */
 
@@ -455,6 +456,21 @@ ngx_http_idempotency_release_held(ngx_http_request_t *r,
 
     cl = ctx->held;
     ctx->held = NULL;
+
+    /*
+     * What was held is small (the last byte, the last chunk) and follows
+     * what went out a moment ago: it goes at once, not after the client's
+     * acknowledgement of that (Nagle), as nginx does for unbuffered
+     * responses.  HTTP/2 connections have it set already.
+     */
+
+    clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
+
+    if (clcf->tcp_nodelay && r->http_version < NGX_HTTP_VERSION_20
+        && ngx_tcp_nodelay(r->connection) != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
 
     if (ctx->header_held) {
         ctx->header_held = 0;
