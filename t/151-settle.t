@@ -63,6 +63,20 @@ our $Locations = q{
             return 204;
         }
 
+        # --- 2: proxy_intercept_errors: an error_page after the claim
+        location = /intercept {
+            idempotency on;
+            idempotency_scope "t";
+            proxy_intercept_errors on;
+            error_page 503 = @fallback;
+            proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/b/503;
+        }
+
+        location @fallback {
+            add_header X-Idempotency-Status $idempotency_status always;
+            return 200 "fallback\n";
+        }
+
         # --- 2: error_page to a named location before the claim
         location = /ep {
             error_page 418 = @app;
@@ -448,7 +462,7 @@ did not complete
 
 
 
-=== TEST 2: a protected named location reached through error_page (set before the claim) is protected: one execution, the retry is a replay
+=== TEST 2: a protected named location reached through error_page (set before the claim) is protected: one execution, the retry is a replay; an error_page after the claim (proxy_intercept_errors) releases
 --- http_config eval: $::HttpConfig
 --- config eval: $::Config
 --- init
@@ -458,6 +472,16 @@ $r = main::raw(uri => '/ep', key => 'ep-1');
 Test::More::is("$r->{status} " . main::st($r), '201 HIT', 'retry: replayed');
 Test::More::is($r->{body}, "created\n", 'retry: the body');
 Test::More::is(main::execs('ep-1'), 1, 'ran once');
+
+# an error_page after the claim (proxy_intercept_errors) releases: the
+# upstream's own 503 says retry, and the retry runs again
+$r = main::raw(uri => '/intercept', key => 'ie-1');
+Test::More::is("$r->{status} $r->{body}", "200 fallback\n",
+               'intercepted: the fallback answers');
+$r = main::raw(uri => '/intercept', key => 'ie-1');
+Test::More::is("$r->{status} $r->{body}", "200 fallback\n",
+               'intercepted, retry: runs again (not 409, not a replay)');
+Test::More::is(main::execs('ie-1'), 2, 'intercepted: ran twice, released');
 --- request
 GET /ok
 --- error_code: 200
