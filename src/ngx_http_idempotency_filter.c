@@ -512,7 +512,7 @@ ngx_http_idempotency_keep_tail(ngx_http_request_t *r,
     ngx_buf_t    *b, *last;
     ngx_chain_t  *cl, *out, **ll;
 
-    if (ctx->tail || r->http_version >= NGX_HTTP_VERSION_20
+    if (ctx->tail || ctx->sent < 0 || r->http_version >= NGX_HTTP_VERSION_20
         || r->headers_out.content_length_n <= 0)
     {
         return NGX_OK;
@@ -552,15 +552,25 @@ ngx_http_idempotency_keep_tail(ngx_http_request_t *r,
 
     } else {
 
-        /* a file buffer sent as it is: its last byte is read */
+        /*
+         * a file buffer sent as it is: its last byte is read (a file
+         * opened for direct I/O cannot be read a byte at a time; that
+         * response goes without the wait, as it did before)
+         */
 
-        n = ngx_read_file(last->file, b->last, 1, last->file_last - 1);
+        n = last->file->directio
+            ? NGX_ERROR
+            : ngx_read_file(last->file, b->last, 1, last->file_last - 1);
 
         if (n != 1) {
-            ngx_log_error(NGX_LOG_ALERT, r->connection->log, 0,
-                          "idempotency: cannot read the last byte of \"%V\"",
+            ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                          "idempotency: the last byte of key_hash=%s is not "
+                          "kept back (cannot read it from \"%V\"), a retry "
+                          "at once may get a 409",
+                          ngx_http_idempotency_key_hash(&ctx->rkey),
                           &last->file->name);
-            return NGX_ERROR;
+            ctx->sent = -1;
+            return NGX_OK;
         }
 
         b->last++;
