@@ -17,7 +17,7 @@ a fixed number of connections. MISS scenarios send a new Idempotency-Key per
 request; HIT scenarios replay a pre-stored set of keys round-robin.
 
 It prints requests/s, p50/p99 latency and CPU time per request of each
-process, the ratios against the targets of issue #6, Redis INFO commandstats
+process, the ratios against the targets of issues #6 and #14, Redis INFO commandstats
 deltas per request, CLIENT LIST during a module run, worker RSS before and
 after, added p99 under a moderate (rate-limited) load, and the response size
 scaling. Results also go to build/bench/results.{md,json}.
@@ -64,8 +64,9 @@ TARGETS = [
     ("HIT / plain proxy_pass", "hit", "baseline", 1.0),
     ("MISS / srcache+memc MISS", "miss", "srcache-miss", 1.3),
     ("MISS / Lua peer MISS", "miss", "lua-miss", 3.0),
-    ("MISS / plain proxy_pass", "miss", "baseline", 0.55),
-    ("HIT / ceiling", "hit", "ceiling", None),
+    # issue 14 raised these two (0.55 before; the ceiling had none)
+    ("MISS / plain proxy_pass", "miss", "baseline", 0.65),
+    ("HIT / ceiling", "hit", "ceiling", 0.7),
 ]
 
 # name -> (subject, key mode)
