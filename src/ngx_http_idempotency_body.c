@@ -2,7 +2,7 @@
  * Bodies: the request's, hashed for the fingerprint as nginx reads it (a
  * request body filter feeds every buffer to SHA-256 on its way to memory or
  * to the temporary file, so the body is never read back), and the stored
- * body of a split record, fetched from Redis in slices for a replay.
+ * body of a split record, fetched from Redis chunk by chunk for a replay.
  */
 
 #include "ngx_http_idempotency_module.h"
@@ -357,8 +357,10 @@ ngx_http_idempotency_body_fetch(ngx_http_request_t *r,
 
     f->rcf = ctx->conf->redis;
 
+    /* room for the chunks' ":<i>" after it */
     f->key.data = ngx_pnalloc(r->pool, f->rcf->prefix.len + ctx->rkey.len
-                                       + rec->owner_len + 8);
+                                       + rec->owner_len + 8
+                                       + 1 + NGX_SIZE_T_LEN);
     if (f->key.data == NULL) {
         return NGX_ERROR;
     }

@@ -104,6 +104,10 @@ our $Config = qq{
     location = /backend {
         return 201 "small\\n";
     }
+
+    location = /pid {
+        return 200 \$pid;
+    }
 };
 
 # the state word of the record of $key ('' without one)
@@ -141,12 +145,17 @@ sub split_record {
     Test::More::ok($owner, 'the head says "split"');
     Test::More::like($head, qr/\r\n\r\n$size$/,
                      'the head ends with the body length');
-    Test::More::is(redis_cli('STRLEN', $bkey), $size,
-                   'the body is a string of its own');
-    Test::More::is(key_slot($bkey), key_slot($rkey),
+    # in chunks of 1 MiB, "<body key>:0", ":1" ...
+    my $chunks = int(($size + 1048575) / 1048576);
+    my $len = 0;
+    $len += redis_cli('STRLEN', "$bkey:$_") for 0 .. $chunks - 1;
+    Test::More::is($len, $size, "the body is in $chunks chunks of its own");
+    Test::More::is(redis_cli('EXISTS', "$bkey:$chunks"), 0,
+                   'and no more');
+    Test::More::is(key_slot("$bkey:0"), key_slot($rkey),
                    'in the hash slot of the record');
-    Test::More::cmp_ok(redis_cli('PTTL', $bkey), '>', redis_cli('PTTL', $rkey),
-                       'and it outlives the head');
+    Test::More::cmp_ok(redis_cli('PTTL', "$bkey:0"), '>',
+                       redis_cli('PTTL', $rkey), 'and it outlives the head');
 }
 
 # a counter of INFO stats
@@ -213,25 +222,62 @@ sub post {
     return ($status, $len, $sha->hexdigest);
 }
 
+# the pid of nginx's (only) worker, and a field of its /proc status in kB
+sub worker_pid {
+    my $sock = IO::Socket::INET->new(
+        PeerAddr => '127.0.0.1',
+        PeerPort => $ENV{TEST_NGINX_SERVER_PORT},
+        Timeout  => 10,
+    ) or return 0;
+    print $sock "GET /pid HTTP/1.0\r\nHost: localhost\r\n\r\n";
+    local $/;
+    my $res = <$sock> // '';
+    return $res =~ /\r\n\r\n(\d+)$/ ? $1 : 0;
+}
+
+sub proc_kb {
+    my ($pid, $field) = @_;
+    open my $fh, '<', "/proc/$pid/status" or return -1;
+    while (<$fh>) {
+        return $1 if /^$field:\s+(\d+) kB/;
+    }
+    return -1;
+}
+
 # Small requests on fresh keys, one after the other, until $stop becomes
-# readable; prints "<answers> <statuses other than 201>" to $out.
+# readable; prints one line per request to $out: "<start> <seconds taken>
+# <status>" (times from Time::HiRes).
 sub small_loop {
     my ($stop, $out) = @_;
 
-    my ($n, @bad) = (0);
+    my $n = 0;
     my $rin = '';
     vec($rin, fileno($stop), 1) = 1;
 
     until (select(my $r = $rin, undef, undef, 0)) {
+        my $t0 = Time::HiRes::time();
         my ($status) = post('/small', "small-$$-$n");
-        push @bad, $status if $status != 201;
+        printf $out "%.6f %.6f %s\n", $t0, Time::HiRes::time() - $t0,
+                    $status;
         $n++;
         Time::HiRes::sleep(0.01);
     }
 
-    print $out "$n @bad\n";
     close $out;
     POSIX::_exit(0);
+}
+
+# the longest time a small request took (or waited to start: a request is
+# sent 10 ms after the last one ended) that overlaps [$from, $to]
+sub worst_small {
+    my ($samples, $from, $to) = @_;
+    my $worst = 0;
+    for my $s (@$samples) {
+        my ($t0, $dt) = @$s;
+        next if $t0 + $dt < $from || $t0 > $to;
+        $worst = $dt if $dt > $worst;
+    }
+    return $worst;
 }
 
 # the big record stored, then replayed, while the small loop runs
@@ -251,27 +297,66 @@ sub big_while_small {
     close $stop_r;
     close $res_w;
 
+    Time::HiRes::sleep(0.3);
+
+    my $pid = worker_pid();
+    my $hwm0 = proc_kb($pid, 'VmHWM');
+
+    redis_cli('SLOWLOG', 'RESET');
+    my $t_store = Time::HiRes::time();
     my @first = post('/big', 'big-1', 60);
+    my $t_first = Time::HiRes::time();
 
     my $end = Time::HiRes::time() + 30 * $Slow;
-    Time::HiRes::sleep(0.1)
-        while record_state('big-1') ne 'done' && Time::HiRes::time() < $end;
+    Time::HiRes::sleep(0.05)
+        while record_state('big-1') ne 'split' && Time::HiRes::time() < $end;
     my $state = record_state('big-1');
+    my $t_stored = Time::HiRes::time();
+    my $hwm1 = proc_kb($pid, 'VmHWM');
 
     my @replay = post('/big', 'big-1', 60);
+    my $t_replayed = Time::HiRes::time();
 
     Time::HiRes::sleep(0.3);
     close $stop_w;
-    my $res = <$res_r> // '';
+    my @samples = map { [split ' '] } <$res_r>;
     waitpid($pid, 0);
-    my ($n, @bad) = split ' ', $res;
+    my @bad = map { $_->[2] } grep { $_->[2] != 201 } @samples;
+
+    my $store = worst_small(\@samples, $t_store, $t_stored);
+    my $replay = worst_small(\@samples, $t_stored, $t_replayed);
+    Test::More::diag(sprintf 'small requests: %d; the slowest while the '
+                     . '60 MB record was stored: %.0f ms, replayed: %.0f ms '
+                     . '(store %.2f s, replay %.2f s)', scalar @samples,
+                     $store * 1000, $replay * 1000, $t_stored - $t_store,
+                     $t_replayed - $t_stored)
+        if $ENV{TEST_VERBOSE} || $ENV{T171_VERBOSE};
+    Test::More::diag("Redis SLOWLOG: " . join ' ', grep { /^\d+$/ }
+                     split /\s+/, redis_cli('SLOWLOG', 'GET', 3))
+        if $ENV{T171_VERBOSE};
+    Test::More::diag("worker $pid: VmHWM $hwm0 kB before the store, "
+                     . "$hwm1 kB after")
+        if $ENV{T171_VERBOSE};
+    Test::More::diag(sprintf 'first answered at +%.2f s; slow: %s',
+                     $t_first - $t_store, join ' ', map {
+                         sprintf '+%.2f:%.0fms', $_->[0] - $t_store,
+                         $_->[1] * 1000 } grep { $_->[1] > 0.05 } @samples)
+        if $ENV{T171_VERBOSE};
 
     Test::More::is("@first", "200 $Size $Sha", 'the first request is answered');
     Test::More::is($state, 'split', 'the 60 MB record is stored, its body '
                    . 'apart');
     Test::More::is("@replay", "200 $Size $Sha", 'the record is replayed');
-    Test::More::cmp_ok($n // 0, '>', 5, 'small requests ran meanwhile');
+    Test::More::cmp_ok(scalar @samples, '>', 5, 'small requests ran meanwhile');
     Test::More::is("@bad", '', 'every small request was answered 201');
+    Test::More::ok($pid && $hwm0 > 0, "the worker's memory is known");
+    # the captured response is the one copy of the body the store needs
+    Test::More::cmp_ok($hwm1 - $hwm0, '<', 100 * 1024,
+                       'storing the 60 MB record took the worker less than '
+                       . '100 MB more memory at its peak');
+    Test::More::cmp_ok($store * 1000, '<', 300 * $Slow,
+                       'no small request waited 300 ms while the 60 MB '
+                       . 'record was stored');
 }
 
 no_shuffle();
