@@ -359,6 +359,53 @@ sub big_while_small {
                        . 'record was stored');
 }
 
+# The 60 MB record again, with the worker's connection that carries its
+# body killed by Redis while the body is on its way: the chunks not yet
+# answered are sent again once it is back, and the record is stored whole
+# (or, were a chunk lost, not at all: never with a hole).
+sub kill_mid_store {
+    pipe(my $res_r, my $res_w) or die "pipe: $!";
+    my $pid = fork();
+    die "fork: $!" unless defined $pid;
+    if ($pid == 0) {
+        close $res_r;
+        print $res_w join(' ', post('/big', 'big-kill', 60)), "\n";
+        close $res_w;
+        POSIX::_exit(0);
+    }
+    close $res_w;
+
+    # once some of the body's chunks are in, and not all: every client of
+    # Redis but redis-cli itself, the worker's connections among them
+    my $pattern = $ENV{TEST_NGINX_PREFIX} . '{' . $ENV{TEST_NGINX_PREFIX}
+                  . Digest::SHA::sha256_hex('t') . ':big-kill}:body:*';
+    my ($killed, $end) = (0, Time::HiRes::time() + 30 * $Slow);
+    while (!$killed && Time::HiRes::time() < $end) {
+        my $n = () = redis_cli('KEYS', $pattern) =~ /:body:/g;
+        if ($n > 2 && $n < 50) {
+            $killed = redis_cli('CLIENT', 'KILL', 'TYPE', 'normal') =~ /[1-9]/;
+            Test::More::diag("killed after $n chunks") if $ENV{T171_VERBOSE};
+        }
+        Time::HiRes::sleep(0.002);
+    }
+
+    my $first = <$res_r> // '';
+    chomp $first;
+    waitpid($pid, 0);
+
+    $end = Time::HiRes::time() + 30 * $Slow;
+    Time::HiRes::sleep(0.05)
+        while record_state('big-kill') ne 'split'
+              && Time::HiRes::time() < $end;
+
+    Test::More::ok($killed, 'the connection carrying the body was killed '
+                   . 'while the body was on its way');
+    Test::More::is($first, "200 $Size $Sha", 'the first request is answered');
+    Test::More::is(record_state('big-kill'), 'split',
+                   'the record is stored all the same');
+    split_record('big-kill', $Size);
+}
+
 no_shuffle();
 run_tests();
 
@@ -465,3 +512,21 @@ Idempotency-Key: small-hit
 --- error_code: 201
 --- response_headers
 Idempotent-Replayed: true
+
+
+
+=== TEST 8: the connection carrying a large body is killed mid-store: the body is sent again, the record is stored whole
+--- init
+main::kill_mid_store();
+--- request
+POST /big
+x
+--- more_headers
+Idempotency-Key: big-kill
+--- error_code: 200
+--- response_headers
+Idempotent-Replayed: true
+Content-Length: 62914560
+--- error_log
+reachable again
+--- timeout: 60
