@@ -244,6 +244,14 @@ sub proc_kb {
     return -1;
 }
 
+# nginx runs with ASan's runtime (make test-asan)
+sub under_asan {
+    my ($pid) = @_;
+    open my $fh, '<', "/proc/$pid/maps" or return 0;
+    local $/;
+    return <$fh> =~ /libasan/ ? 1 : 0;
+}
+
 # Small requests on fresh keys, one after the other, until $stop becomes
 # readable; prints one line per request to $out: "<start> <seconds taken>
 # <status>" (times from Time::HiRes).
@@ -299,8 +307,8 @@ sub big_while_small {
 
     Time::HiRes::sleep(0.3);
 
-    my $pid = worker_pid();
-    my $hwm0 = proc_kb($pid, 'VmHWM');
+    my $wpid = worker_pid();
+    my $hwm0 = proc_kb($wpid, 'VmHWM');
 
     redis_cli('SLOWLOG', 'RESET');
     my $t_store = Time::HiRes::time();
@@ -312,7 +320,7 @@ sub big_while_small {
         while record_state('big-1') ne 'split' && Time::HiRes::time() < $end;
     my $state = record_state('big-1');
     my $t_stored = Time::HiRes::time();
-    my $hwm1 = proc_kb($pid, 'VmHWM');
+    my $hwm1 = proc_kb($wpid, 'VmHWM');
 
     my @replay = post('/big', 'big-1', 60);
     my $t_replayed = Time::HiRes::time();
@@ -334,7 +342,7 @@ sub big_while_small {
     Test::More::diag("Redis SLOWLOG: " . join ' ', grep { /^\d+$/ }
                      split /\s+/, redis_cli('SLOWLOG', 'GET', 3))
         if $ENV{T171_VERBOSE};
-    Test::More::diag("worker $pid: VmHWM $hwm0 kB before the store, "
+    Test::More::diag("worker $wpid: VmHWM $hwm0 kB before the store, "
                      . "$hwm1 kB after")
         if $ENV{T171_VERBOSE};
     Test::More::diag(sprintf 'first answered at +%.2f s; slow: %s',
@@ -349,11 +357,13 @@ sub big_while_small {
     Test::More::is("@replay", "200 $Size $Sha", 'the record is replayed');
     Test::More::cmp_ok(scalar @samples, '>', 5, 'small requests ran meanwhile');
     Test::More::is("@bad", '', 'every small request was answered 201');
-    Test::More::ok($pid && $hwm0 > 0, "the worker's memory is known");
+    Test::More::ok($wpid && $hwm0 > 0, "the worker's memory is known");
     # the captured response is the one copy of the body the store needs
+    # (not under ASan, whose quarantine keeps what is freed)
     Test::More::cmp_ok($hwm1 - $hwm0, '<', 100 * 1024,
                        'storing the 60 MB record took the worker less than '
-                       . '100 MB more memory at its peak');
+                       . '100 MB more memory at its peak')
+        unless under_asan($wpid);
     Test::More::cmp_ok($store * 1000, '<', 300 * $Slow,
                        'no small request waited 300 ms while the 60 MB '
                        . 'record was stored');
