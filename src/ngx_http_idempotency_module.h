@@ -178,6 +178,9 @@ typedef struct {
 
     /* the write event was posted to guard the client's read handler */
     unsigned                             guarded:1;
+
+    /* a split record's body, streamed to the client by body.c */
+    struct ngx_http_idempotency_stream_s  *stream;
 } ngx_http_idempotency_ctx_t;
 
 
@@ -198,6 +201,8 @@ struct ngx_http_idempotency_record_s;
 ngx_int_t ngx_http_idempotency_body_fetch(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx,
     struct ngx_http_idempotency_record_s *rec);
+ngx_int_t ngx_http_idempotency_body_stream(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
 ngx_int_t ngx_http_idempotency_add_variables(ngx_conf_t *cf);
 ngx_http_idempotency_outcome_e ngx_http_idempotency_request_outcome(
     ngx_http_request_t *r);

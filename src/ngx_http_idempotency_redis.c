@@ -1832,7 +1832,7 @@ ngx_http_idempotency_redis_fetch_reply(void *data, redisReply *reply,
         return;
     }
 
-    ngx_memcpy(f->buf + f->done, reply->str, n);
+    ngx_memcpy(f->buf + (f->done - f->base), reply->str, n);
     f->done += n;
 
     if (f->done == f->len) {

@@ -189,10 +189,11 @@ ngx_int_t ngx_http_idempotency_redis_store(
     ngx_log_t *log, ngx_pool_t *pool, u_char **memp);
 
 /*
- * Reads the "len" bytes of the split body "key" (its chunks) into "buf",
- * one GET per chunk, one command at a time (Redis serves everyone else
- * between two), on the bulk connection when it is up.  key.data has room
- * for NGX_SIZE_T_LEN + 1 more bytes (the chunk's number).
+ * Reads bytes "done" to "len" of the split body "key" (from its chunks)
+ * into "buf", whose first byte is byte "base" of the body, one GET per
+ * chunk, one command at a time (Redis serves everyone else between two),
+ * on the bulk connection when it is up.  key.data has room for
+ * NGX_SIZE_T_LEN + 1 more bytes (the chunk's number).
  * *opp is always the op in progress, for ngx_http_idempotency_redis_cancel;
  * the handler is called once, unless cancelled, with
  * NGX_HTTP_IDEMPOTENCY_REDIS_OK when all of it is in buf.  NGX_ERROR: no
@@ -207,9 +208,10 @@ typedef void (*ngx_http_idempotency_redis_fetch_pt)(
 struct ngx_http_idempotency_redis_fetch_s {
     ngx_http_idempotency_redis_conf_t   *rcf;
     ngx_str_t                            key;
-    u_char                              *buf;
-    size_t                               len;
-    size_t                               done;
+    u_char                              *buf;      /* byte "base" goes first */
+    size_t                               base;     /* a multiple of CHUNK */
+    size_t                               len;      /* up to this byte */
+    size_t                               done;     /* from this byte */
     ngx_http_idempotency_redis_op_t    **opp;
     ngx_http_idempotency_redis_fetch_pt  handler;
     void                                *data;

@@ -244,6 +244,71 @@ sub proc_kb {
     return -1;
 }
 
+# Polls the VmRSS of $pid every few ms in a child of its own; returns a
+# function that stops it and returns the highest value seen (kB).
+sub rss_sampler {
+    my ($pid) = @_;
+    pipe(my $stop_r, my $stop_w) or die "pipe: $!";
+    pipe(my $res_r, my $res_w) or die "pipe: $!";
+    my $child = fork();
+    die "fork: $!" unless defined $child;
+    if ($child == 0) {
+        close $stop_w;
+        close $res_r;
+        my ($max, $rin) = (0, '');
+        vec($rin, fileno($stop_r), 1) = 1;
+        until (select(my $r = $rin, undef, undef, 0.003)) {
+            my $v = proc_kb($pid, 'VmRSS');
+            $max = $v if $v > $max;
+        }
+        print $res_w "$max\n";
+        close $res_w;
+        POSIX::_exit(0);
+    }
+    close $stop_r;
+    close $res_w;
+    return sub {
+        close $stop_w;
+        my $max = <$res_r> // 0;
+        waitpid($child, 0);
+        chomp $max;
+        return $max;
+    };
+}
+
+# A client asks for the 60 MB replay, reads a MiB of it and leaves: the
+# worker stops reading the body from Redis (it reads a chunk ahead of the
+# client, not the whole body first).
+sub leave_mid_replay {
+    my $stat = sub {
+        my ($v) = redis_cli('INFO', 'commandstats') =~ /^cmdstat_get:calls=(\d+)/m;
+        return $v // 0;
+    };
+    my $before = $stat->();
+
+    my $sock = IO::Socket::INET->new(
+        PeerAddr => '127.0.0.1',
+        PeerPort => $ENV{TEST_NGINX_SERVER_PORT},
+        Timeout  => 30 * $Slow,
+    ) or die "connect: $!";
+    print $sock "POST /big HTTP/1.1\r\nHost: localhost\r\n"
+                . "Idempotency-Key: big-1\r\nContent-Length: 1\r\n\r\nx";
+    my $buf = '';
+    while (length $buf < 1 << 20) {
+        sysread($sock, $buf, 65536, length $buf) or last;
+    }
+    my ($status) = $buf =~ m{^HTTP/1\.1 (\d+)};
+    close $sock;
+
+    # until the worker notices (its next write fails) and a while after
+    Time::HiRes::sleep(1.5 * $Slow);
+    my $gets = $stat->() - $before;
+
+    Test::More::is($status, 200, 'the replay began');
+    Test::More::cmp_ok($gets, '<', 40, "the client left after a MiB: the "
+                       . "worker read $gets of the 60 chunks from Redis");
+}
+
 # nginx runs with ASan's runtime (make test-asan)
 sub under_asan {
     my ($pid) = @_;
@@ -322,8 +387,10 @@ sub big_while_small {
     my $t_stored = Time::HiRes::time();
     my $hwm1 = proc_kb($wpid, 'VmHWM');
 
+    my ($rss0, $sampler) = (proc_kb($wpid, 'VmRSS'), rss_sampler($wpid));
     my @replay = post('/big', 'big-1', 60);
     my $t_replayed = Time::HiRes::time();
+    my $rss1 = $sampler->();
 
     Time::HiRes::sleep(0.3);
     close $stop_w;
@@ -363,6 +430,14 @@ sub big_while_small {
     Test::More::cmp_ok($hwm1 - $hwm0, '<', 100 * 1024,
                        'storing the 60 MB record took the worker less than '
                        . '100 MB more memory at its peak')
+        unless under_asan($wpid);
+    Test::More::diag("worker RSS $rss0 kB before the replay, at most "
+                     . "$rss1 kB during it")
+        if $ENV{T171_VERBOSE};
+    # the replay streams: two chunks of 1 MiB at a time, not the body
+    Test::More::cmp_ok($rss1 - $rss0, '<', 24 * 1024,
+                       'replaying the 60 MB record took the worker less '
+                       . 'than 24 MB more memory')
         unless under_asan($wpid);
     Test::More::cmp_ok($store * 1000, '<', 300 * $Slow,
                        'no small request waited 300 ms while the 60 MB '
@@ -539,4 +614,19 @@ Idempotent-Replayed: true
 Content-Length: 62914560
 --- error_log
 reachable again
+--- timeout: 60
+
+
+
+=== TEST 9: a client that leaves mid-replay: the worker stops reading the body from Redis
+--- init
+main::leave_mid_replay();
+--- request
+POST /small
+x
+--- more_headers
+Idempotency-Key: after-leave
+--- error_code: 201
+--- no_error_log
+[alert]
 --- timeout: 60
