@@ -2026,6 +2026,53 @@ ngx_http_idempotency_redis_cancel(ngx_http_idempotency_redis_op_t *op)
 }
 
 
+ngx_uint_t
+ngx_http_idempotency_redis_connections(ngx_http_idempotency_redis_conn_t *out,
+    ngx_uint_t n)
+{
+    ngx_uint_t                           i, j, count;
+    ngx_http_idempotency_redis_conf_t  **rcfp;
+    ngx_http_idempotency_redis_node_t   *node;
+    ngx_http_idempotency_main_conf_t    *imcf;
+
+    imcf = ngx_http_cycle_get_module_main_conf(ngx_cycle,
+                                               ngx_http_idempotency_module);
+
+    if (imcf == NULL || imcf->redis.nelts == 0) {
+        return 0;
+    }
+
+    rcfp = imcf->redis.elts;
+    count = 0;
+
+    for (i = 0; i < imcf->redis.nelts; i++) {
+
+        for (j = 0; j < 2; j++) {
+            node = j ? rcfp[i]->bulk : rcfp[i]->node;
+
+            if (node == NULL) {
+                continue;
+            }
+
+            if (count < n) {
+                out[count].name = &node->name;
+                out[count].bulk = node->bulk;
+                out[count].ready =
+                          (node->state == NGX_HTTP_IDEMPOTENCY_REDIS_READY);
+                out[count].in_flight = node->pending;
+                out[count].in_flight_bytes = node->queued;
+                out[count].commands = node->queued_seq;
+                out[count].stats = node->stats;
+            }
+
+            count++;
+        }
+    }
+
+    return count;
+}
+
+
 ngx_http_idempotency_redis_stats_t *
 ngx_http_idempotency_redis_stats(ngx_http_idempotency_redis_conf_t *rcf)
 {

@@ -245,6 +245,27 @@ void ngx_http_idempotency_redis_cancel(ngx_http_idempotency_redis_op_t *op);
 ngx_connection_t *ngx_http_idempotency_redis_attach(redisAsyncContext *ac,
     ngx_log_t *log);
 
+/*
+ * One Redis connection of this worker as idempotency_status shows it: the
+ * first one of a Redis ("main") or the one for large commands ("bulk").
+ */
+typedef struct {
+    ngx_str_t                           *name;
+    ngx_uint_t                           bulk;
+    ngx_uint_t                           ready;
+    ngx_uint_t                           in_flight;   /* hiredis holds */
+    size_t                               in_flight_bytes;
+    uint64_t                             commands;    /* handed over */
+    ngx_http_idempotency_redis_stats_t   stats;
+} ngx_http_idempotency_redis_conn_t;
+
+/*
+ * This worker's connections (Redis Cluster nodes are not among them): up
+ * to n into out; returns how many there are.
+ */
+ngx_uint_t ngx_http_idempotency_redis_connections(
+    ngx_http_idempotency_redis_conn_t *out, ngx_uint_t n);
+
 /* this worker's counters for that Redis, or NULL without a connection */
 ngx_http_idempotency_redis_stats_t *ngx_http_idempotency_redis_stats(
     ngx_http_idempotency_redis_conf_t *rcf);

@@ -17,6 +17,7 @@ use IdemTest;
 use Digest::SHA ();
 use File::Temp ();
 use IO::Socket::INET ();
+use JSON::PP ();
 use POSIX ();
 
 our $H2 = (`curl -V 2>/dev/null` // '') =~ /^Features:.*\bHTTP2\b/m;
@@ -69,6 +70,10 @@ our $Config = qq{
         proxy_pass http://127.0.0.1:\$TEST_NGINX_SERVER_PORT/files/big.bin;
     }
 $Big
+    location = /status {
+        idempotency_status;
+    }
+
     location /files/ {
         access_log logs/error.log exec;
         sendfile off;
@@ -228,6 +233,44 @@ sub leave {
     }
 }
 
+# idempotency_status: the worker's Redis connections, the bulk one with
+# the chunks it carried (four written, four read per replay)
+sub status_json {
+    my $sock = IO::Socket::INET->new(
+        PeerAddr => '127.0.0.1',
+        PeerPort => $ENV{TEST_NGINX_SERVER_PORT},
+        Timeout  => 10 * $Slow,
+    ) or die "connect: $!";
+    print $sock "GET /status?format=json HTTP/1.0\r\nHost: localhost\r\n\r\n";
+    my $res = do { local $/; <$sock> } // '';
+    my ($body) = $res =~ /\r\n\r\n(.*)\z/s;
+    my $s = eval { JSON::PP::decode_json($body // '') } || {};
+    return ($s, $body);
+}
+
+sub connections {
+    # replays of c-1 (the first one may go on the main connection while
+    # the bulk one connects)
+    my ($s, $body, @c);
+    for (1 .. 5) {
+        raw('c-1', '1.1', 'POST');
+        ($s, $body) = status_json();
+        @c = @{ $s->{redis_connections} || [] };
+        last if grep { $_->{connection} eq 'bulk' && $_->{commands} >= 4 }
+                     @c;
+    }
+    my ($main) = grep { $_->{connection} eq 'main' } @c;
+    my ($bulk) = grep { $_->{connection} eq 'bulk' } @c;
+    Test::More::ok($main && $bulk, 'the status shows the main and the bulk '
+                   . 'connection of the worker') or Test::More::diag($body);
+    Test::More::cmp_ok($bulk->{commands} // 0, '>=', 4,
+                       'the bulk one carried the chunks');
+    Test::More::is(join(' ', map { $bulk->{$_} // '-' }
+                                 qw(in_flight in_flight_bytes parked)),
+                   '0 0 0', 'none in flight or parked now');
+    Test::More::is($bulk->{pid}, $main->{pid}, 'both of one worker');
+}
+
 no_shuffle();
 run_tests();
 
@@ -371,3 +414,16 @@ Idempotency-Key: c-1
 $::Body
 --- no_error_log
 [alert]
+
+
+
+=== TEST 9: idempotency_status shows the worker's main and bulk connections
+--- http_config eval: $::HttpConfig
+--- config eval: $::Config
+--- init
+main::connections();
+--- request
+GET /status?format=prometheus
+--- error_code: 200
+--- response_body_like
+nginx_idempotency_redis_in_flight\{pid="\d+",redis="[^"]+",connection="bulk"\} 0
