@@ -2,7 +2,7 @@
  * Bodies: the request's, hashed for the fingerprint as nginx reads it (a
  * request body filter feeds every buffer to SHA-256 on its way to memory or
  * to the temporary file, so the body is never read back), and the stored
- * body of a split record, fetched from Redis in slices for a replay.
+ * body of a split record, fetched from Redis chunk by chunk for a replay.
  */
 
 #include "ngx_http_idempotency_module.h"
@@ -32,9 +32,38 @@ static ngx_int_t ngx_http_idempotency_body_read_back(ngx_http_request_t *r,
     EVP_MD_CTX *md_ctx);
 
 
+/*
+ * A split record's body on its way to the client, chunk by chunk: chunk k
+ * is fetched into buffer k % 2, while the one before it is being sent; the
+ * next fetch starts once its buffer's chunk has left.  At most two chunks
+ * per replay are in the worker (plus the reply hiredis is parsing).
+ */
+typedef struct ngx_http_idempotency_stream_s  ngx_http_idempotency_stream_t;
+
+struct ngx_http_idempotency_stream_s {
+    ngx_http_request_t                  *r;
+    ngx_http_idempotency_redis_fetch_t   f;
+    ngx_http_idempotency_redis_op_t     *op;       /* a fetch after chunk 0 */
+    u_char                              *mem[2];   /* ngx_alloc()'d */
+    ngx_buf_t                            b[2];     /* as passed on */
+    size_t                               len;      /* of the body */
+    ngx_uint_t                           chunks;   /* in all */
+    ngx_uint_t                           fetched;  /* chunks read */
+    ngx_uint_t                           passed;   /* chunks passed on */
+    unsigned                             fetching:1;
+};
+
+
 static void ngx_http_idempotency_body_fetched(
     ngx_http_idempotency_redis_fetch_t *f, ngx_uint_t rc);
-static void ngx_http_idempotency_body_free(void *data);
+static void ngx_http_idempotency_stream_cleanup(void *data);
+static void ngx_http_idempotency_stream_run(
+    ngx_http_idempotency_stream_t *s);
+static void ngx_http_idempotency_stream_writer(ngx_http_request_t *r);
+static void ngx_http_idempotency_stream_fetched(
+    ngx_http_idempotency_redis_fetch_t *f, ngx_uint_t rc);
+static void ngx_http_idempotency_stream_cut(ngx_http_idempotency_stream_t *s,
+    const char *why);
 
 
 static ngx_http_request_body_filter_pt   ngx_http_next_request_body_filter;
@@ -328,17 +357,20 @@ ngx_http_idempotency_body_read_back(ngx_http_request_t *r,
 
 /*
  * A claim found a split record with our fingerprint: its head is in ctx
- * (status, headers), the body is read now, then the request goes on as a
- * HIT.  NGX_AGAIN: the fetch runs; NGX_ERROR: it cannot.
+ * (status, headers), the body's first chunk is read now (a body that is
+ * gone is answered as a Redis failure, before anything is sent), then the
+ * request goes on as a HIT, and ngx_http_idempotency_body_stream() sends
+ * the rest as it comes.  NGX_AGAIN: the fetch runs; NGX_OK: a HEAD, which
+ * needs no body; NGX_ERROR: it cannot.
  */
 
 ngx_int_t
 ngx_http_idempotency_body_fetch(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, ngx_http_idempotency_record_t *rec)
 {
-    off_t                                len;
-    ngx_pool_cleanup_t                  *cln;
-    ngx_http_idempotency_redis_fetch_t  *f;
+    off_t                           len;
+    ngx_pool_cleanup_t             *cln;
+    ngx_http_idempotency_stream_t  *s;
 
     len = ngx_atoof((u_char *) rec->body, rec->body_len);
 
@@ -350,23 +382,15 @@ ngx_http_idempotency_body_fetch(ngx_http_request_t *r,
         return NGX_ERROR;
     }
 
-    f = ngx_pcalloc(r->pool, sizeof(ngx_http_idempotency_redis_fetch_t));
-    if (f == NULL) {
-        return NGX_ERROR;
+    ctx->reply_body.data = NULL;
+    ctx->reply_body.len = (size_t) len;
+
+    if (r->method == NGX_HTTP_HEAD) {
+        return NGX_OK;
     }
 
-    f->rcf = ctx->conf->redis;
-
-    f->key.data = ngx_pnalloc(r->pool, f->rcf->prefix.len + ctx->rkey.len
-                                       + rec->owner_len + 8);
-    if (f->key.data == NULL) {
-        return NGX_ERROR;
-    }
-
-    if (ngx_http_idempotency_redis_body_key(f->rcf, &ctx->rkey, rec->owner,
-                                            rec->owner_len, &f->key)
-        != NGX_OK)
-    {
+    s = ngx_pcalloc(r->pool, sizeof(ngx_http_idempotency_stream_t));
+    if (s == NULL) {
         return NGX_ERROR;
     }
 
@@ -375,40 +399,76 @@ ngx_http_idempotency_body_fetch(ngx_http_request_t *r,
         return NGX_ERROR;
     }
 
-    f->buf = ngx_alloc((size_t) len, r->connection->log);
-    if (f->buf == NULL) {
+    cln->handler = ngx_http_idempotency_stream_cleanup;
+    cln->data = s;
+
+    s->r = r;
+    s->len = (size_t) len;
+    s->chunks = (s->len + NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK - 1)
+                / NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK;
+
+    s->f.rcf = ctx->conf->redis;
+
+    /* room for the chunks' ":<i>" after it */
+    s->f.key.data = ngx_pnalloc(r->pool, s->f.rcf->prefix.len
+                                         + ctx->rkey.len + rec->owner_len + 8
+                                         + 1 + NGX_SIZE_T_LEN);
+    if (s->f.key.data == NULL) {
         return NGX_ERROR;
     }
 
-    cln->handler = ngx_http_idempotency_body_free;
-    cln->data = f->buf;
-
-    f->len = (size_t) len;
-    f->opp = &ctx->op;
-    f->handler = ngx_http_idempotency_body_fetched;
-    f->data = ctx;
-    f->log = r->connection->log;
-
-    if (ngx_http_idempotency_redis_fetch(f) != NGX_OK) {
+    if (ngx_http_idempotency_redis_body_key(s->f.rcf, &ctx->rkey, rec->owner,
+                                            rec->owner_len, &s->f.key)
+        != NGX_OK)
+    {
         return NGX_ERROR;
     }
 
-    ctx->reply_body.data = f->buf;
-    ctx->reply_body.len = f->len;
+    s->f.len = ngx_min(s->len, NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK);
+
+    s->mem[0] = ngx_alloc(s->f.len, r->connection->log);
+    if (s->mem[0] == NULL) {
+        return NGX_ERROR;
+    }
+
+    s->f.buf = s->mem[0];
+    s->f.opp = &ctx->op;
+    s->f.handler = ngx_http_idempotency_body_fetched;
+    s->f.data = ctx;
+    s->f.log = r->connection->log;
+
+    if (ngx_http_idempotency_redis_fetch(&s->f) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    s->fetching = 1;
+    ctx->stream = s;
     ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_CLAIMING;
 
-    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
-                   "idempotency fetches the body of \"%V\", %uz bytes",
-                   &ctx->rkey, f->len);
+    ngx_log_debug3(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "idempotency fetches the body of \"%V\", %uz bytes in "
+                   "%ui chunks", &ctx->rkey, s->len, s->chunks);
 
     return NGX_AGAIN;
 }
 
 
 static void
-ngx_http_idempotency_body_free(void *data)
+ngx_http_idempotency_stream_cleanup(void *data)
 {
-    ngx_free(data);
+    ngx_http_idempotency_stream_t *s = data;
+
+    /* a reply still due finds no handler */
+    ngx_http_idempotency_redis_cancel(s->op);
+    s->op = NULL;
+
+    if (s->mem[0]) {
+        ngx_free(s->mem[0]);
+    }
+
+    if (s->mem[1]) {
+        ngx_free(s->mem[1]);
+    }
 }
 
 
@@ -429,6 +489,12 @@ ngx_http_idempotency_body_fetched(ngx_http_idempotency_redis_fetch_t *f,
     ctx->redis_rc = rc;
     ctx->reply_kind = NGX_HTTP_IDEMPOTENCY_HIT;
 
+    ctx->stream->fetching = 0;
+
+    if (rc == NGX_HTTP_IDEMPOTENCY_REDIS_OK) {
+        ctx->stream->fetched = 1;
+    }
+
     /* as the claim's reply does: the phases run again */
 
     r->write_event_handler = ngx_http_core_run_phases;
@@ -439,4 +505,254 @@ ngx_http_idempotency_body_fetched(ngx_http_idempotency_redis_fetch_t *f,
     }
 
     ngx_http_run_posted_requests(c);
+}
+
+
+/*
+ * The replay's header is sent: the body follows, driven by the client's
+ * write events and by Redis' replies; the request is finalized here when
+ * the last chunk is passed on, or cut.  Returns NGX_DONE.
+ */
+
+ngx_int_t
+ngx_http_idempotency_body_stream(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx)
+{
+    ngx_http_idempotency_stream_run(ctx->stream);
+
+    return NGX_DONE;
+}
+
+
+static void
+ngx_http_idempotency_stream_run(ngx_http_idempotency_stream_t *s)
+{
+    size_t                     n;
+    ngx_int_t                  rc;
+    ngx_buf_t                 *b;
+    ngx_uint_t                 i;
+    ngx_chain_t                out;
+    ngx_event_t               *wev;
+    ngx_connection_t          *c;
+    ngx_http_request_t        *r;
+    ngx_http_core_loc_conf_t  *clcf;
+
+    r = s->r;
+    c = r->connection;
+
+    /* what has come, to the client */
+
+    while (s->passed < s->fetched) {
+        i = s->passed % 2;
+        n = ngx_min(s->len - s->passed * NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK,
+                    NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK);
+
+        b = &s->b[i];
+        ngx_memzero(b, sizeof(ngx_buf_t));
+
+        b->start = s->mem[i];
+        b->pos = b->start;
+        b->last = b->pos + n;
+        b->end = b->last;
+        b->memory = 1;
+
+        s->passed++;
+
+        if (s->passed == s->chunks) {
+            b->last_buf = (r == r->main) ? 1 : 0;
+            b->last_in_chain = 1;
+
+        } else {
+            b->flush = 1;
+        }
+
+        out.buf = b;
+        out.next = NULL;
+
+        rc = ngx_http_output_filter(r, &out);
+
+        if (s->passed == s->chunks) {
+            /* the rest is nginx's writer's */
+            ngx_http_finalize_request(r, rc);
+            return;
+        }
+
+        if (rc == NGX_ERROR) {
+            ngx_http_finalize_request(r, NGX_ERROR);
+            return;
+        }
+    }
+
+    /* the next chunk, into the buffer whose chunk has left */
+
+    i = s->fetched % 2;
+
+    if (!s->fetching
+        && s->fetched < s->chunks
+        && (s->fetched < 2 || s->b[i].pos == s->b[i].last))
+    {
+        if (s->mem[i] == NULL) {
+            s->mem[i] = ngx_alloc(NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK, c->log);
+            if (s->mem[i] == NULL) {
+                ngx_http_idempotency_stream_cut(s, "no memory");
+                return;
+            }
+        }
+
+        s->f.buf = s->mem[i];
+        s->f.base = s->fetched * NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK;
+        s->f.done = s->f.base;
+        s->f.len = ngx_min(s->len,
+                           s->f.base + NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK);
+        s->f.opp = &s->op;
+        s->f.handler = ngx_http_idempotency_stream_fetched;
+        s->f.data = s;
+
+        if (ngx_http_idempotency_redis_fetch(&s->f) != NGX_OK) {
+            ngx_http_idempotency_stream_cut(s, "Redis is not reachable");
+            return;
+        }
+
+        s->fetching = 1;
+    }
+
+    /* wait: for the client to take what is buffered, or for Redis */
+
+    r->write_event_handler = ngx_http_idempotency_stream_writer;
+
+    wev = c->write;
+    clcf = ngx_http_get_module_loc_conf(r->main, ngx_http_core_module);
+
+    if (r->buffered || r->postponed || (r == r->main && c->buffered)) {
+
+        if (!wev->delayed) {
+            ngx_add_timer(wev, clcf->send_timeout);
+        }
+
+        if (ngx_handle_write_event(wev, clcf->send_lowat) != NGX_OK) {
+            ngx_http_finalize_request(r, NGX_ERROR);
+        }
+
+        return;
+    }
+
+    /* all sent: Redis' reply moves it on (its own timeout applies) */
+
+    if (wev->timer_set && !wev->delayed) {
+        ngx_del_timer(wev);
+    }
+}
+
+
+/* a write event of the client's connection while the body streams */
+
+static void
+ngx_http_idempotency_stream_writer(ngx_http_request_t *r)
+{
+    ngx_int_t                    rc;
+    ngx_event_t                 *wev;
+    ngx_connection_t            *c;
+    ngx_http_core_loc_conf_t    *clcf;
+    ngx_http_idempotency_ctx_t  *ctx;
+
+    c = r->connection;
+    wev = c->write;
+
+    if (wev->timedout) {
+        ngx_log_error(NGX_LOG_INFO, c->log, NGX_ETIMEDOUT,
+                      "client timed out");
+        c->timedout = 1;
+        ngx_http_finalize_request(r, NGX_HTTP_REQUEST_TIME_OUT);
+        return;
+    }
+
+    if (wev->delayed || r->aio) {
+        clcf = ngx_http_get_module_loc_conf(r->main, ngx_http_core_module);
+
+        if (!wev->delayed) {
+            ngx_add_timer(wev, clcf->send_timeout);
+        }
+
+        if (ngx_handle_write_event(wev, clcf->send_lowat) != NGX_OK) {
+            ngx_http_finalize_request(r, NGX_ERROR);
+        }
+
+        return;
+    }
+
+    rc = ngx_http_output_filter(r, NULL);
+
+    if (rc == NGX_ERROR) {
+        ngx_http_finalize_request(r, rc);
+        return;
+    }
+
+    ctx = ngx_http_idempotency_get_ctx(r);
+
+    if (ctx == NULL || ctx->stream == NULL) {
+        ngx_http_finalize_request(r, NGX_ERROR);
+        return;
+    }
+
+    ngx_http_idempotency_stream_run(ctx->stream);
+}
+
+
+static void
+ngx_http_idempotency_stream_fetched(ngx_http_idempotency_redis_fetch_t *f,
+    ngx_uint_t rc)
+{
+    ngx_connection_t               *c;
+    ngx_http_idempotency_stream_t  *s;
+
+    s = f->data;
+    c = s->r->connection;
+
+    s->op = NULL;
+    s->fetching = 0;
+
+    if (rc != NGX_HTTP_IDEMPOTENCY_REDIS_OK) {
+        ngx_http_idempotency_stream_cut(s,
+                                  rc == NGX_HTTP_IDEMPOTENCY_REDIS_TIMEOUT
+                                  ? "Redis timed out"
+                                  : "the body is missing or short, "
+                                    "or Redis failed");
+
+    } else {
+        s->fetched++;
+        ngx_http_idempotency_stream_run(s);
+    }
+
+    ngx_http_run_posted_requests(c);
+}
+
+
+/*
+ * The header (and some of the body) is out: the response cannot become a
+ * problem any more, and must not end as if it were complete.  The
+ * connection is closed (HTTP/2: the stream is reset), short of its
+ * Content-Length.
+ */
+
+static void
+ngx_http_idempotency_stream_cut(ngx_http_idempotency_stream_t *s,
+    const char *why)
+{
+    ngx_http_request_t          *r;
+    ngx_http_idempotency_ctx_t  *ctx;
+
+    r = s->r;
+    ctx = ngx_http_idempotency_get_ctx(r);
+
+    ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                  "idempotency: the replay of key_hash=%s is cut after "
+                  "%uz of %uz bytes (%s)",
+                  ctx ? (char *) ngx_http_idempotency_key_hash(&ctx->rkey)
+                      : "-",
+                  ngx_min(s->passed * NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK,
+                          s->len),
+                  s->len, why);
+
+    r->connection->error = 1;
+    ngx_http_finalize_request(r, NGX_ERROR);
 }

@@ -814,6 +814,7 @@ ngx_int_t
 ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx)
 {
     u_char                             *p;
+    ngx_int_t                           rc;
     ngx_str_t                           args[3];
     ngx_uint_t                          script, nargs;
     ngx_http_request_t                 *r;
@@ -928,12 +929,24 @@ ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx)
                    script == NGX_HTTP_IDEMPOTENCY_SCRIPT_RELEASE
                    ? "release" : "store", &ctx->rkey);
 
-    op = ngx_http_idempotency_redis_script_retry(ilcf->redis, script,
+    if (script == NGX_HTTP_IDEMPOTENCY_SCRIPT_STORE) {
+        /* a large body is written from ctx->record, which it may take */
+        rc = ngx_http_idempotency_redis_store(ilcf->redis, &ctx->rkey, args,
+                                           ctx->claimed + ilcf->lock_ttl,
+                                           ngx_http_idempotency_settle_handler,
+                                           NULL, r->connection->log,
+                                           r->pool, &ctx->record);
+
+    } else {
+        op = ngx_http_idempotency_redis_script_retry(ilcf->redis, script,
                                            &ctx->rkey, args, nargs,
                                            ctx->claimed + ilcf->lock_ttl,
                                            ngx_http_idempotency_settle_handler,
                                            NULL, r->connection->log);
-    if (op == NULL) {
+        rc = op ? NGX_OK : NGX_ERROR;
+    }
+
+    if (rc != NGX_OK) {
         ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
                       "idempotency: cannot send or keep the %s of "
                       "key_hash=%s (no memory, or the worker is exiting), "

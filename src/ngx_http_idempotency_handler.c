@@ -644,6 +644,11 @@ ngx_http_idempotency_replay(ngx_http_request_t *r,
         return NGX_DONE;
     }
 
+    if (ctx->stream) {
+        /* a split record: its body follows chunk by chunk (body.c) */
+        return ngx_http_idempotency_body_stream(r, ctx);
+    }
+
     if (ctx->reply_body.len == 0) {
         n = ngx_http_send_special(r, NGX_HTTP_LAST);
         ngx_http_finalize_request(r, n);

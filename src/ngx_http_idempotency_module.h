@@ -188,6 +188,9 @@ typedef struct {
      */
     off_t                                sent;
     ngx_chain_t                         *tail;
+
+    /* a split record's body, streamed to the client by body.c */
+    struct ngx_http_idempotency_stream_s  *stream;
 } ngx_http_idempotency_ctx_t;
 
 
@@ -208,6 +211,8 @@ struct ngx_http_idempotency_record_s;
 ngx_int_t ngx_http_idempotency_body_fetch(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx,
     struct ngx_http_idempotency_record_s *rec);
+ngx_int_t ngx_http_idempotency_body_stream(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
 ngx_int_t ngx_http_idempotency_add_variables(ngx_conf_t *cf);
 ngx_http_idempotency_outcome_e ngx_http_idempotency_request_outcome(
     ngx_http_request_t *r);

@@ -184,6 +184,37 @@ typedef struct {
 } ngx_http_idempotency_redis_transient_t;
 
 
+/*
+ * The body of a split record on its way to Redis: "SET <body key>:<i>
+ * <chunk> PX <ttl>" for each chunk, at most WRITE_WINDOW of them queued at
+ * once (the next one goes when one is answered), each a retryable op:
+ * after a lost connection the unanswered ones are resent (a chunk written
+ * twice is the same chunk).  Once every chunk is in, the head is stored
+ * (the store script checks that every chunk is there).  The body is read
+ * from "mem", taken from the request's pool (or a copy of it), freed when
+ * the last chunk is done.
+ */
+typedef struct {
+    ngx_http_idempotency_redis_conf_t   *rcf;
+    ngx_http_idempotency_redis_node_t   *node;     /* of the chunks */
+    u_char                              *mem;      /* ours, holds body */
+    u_char                              *body;
+    size_t                               len;
+    size_t                               sent;     /* bytes handed over */
+    ngx_uint_t                           chunks;   /* in all */
+    ngx_uint_t                           acked;    /* chunks in Redis */
+    ngx_uint_t                           inflight; /* chunk ops not done */
+    ngx_msec_t                           deadline;
+    ngx_str_t                            bkey;     /* room for ":<i>" */
+    ngx_str_t                            bttl;     /* the chunks' PX */
+    ngx_str_t                            sargs[5]; /* of the head's store */
+    ngx_http_idempotency_redis_info_t    info;     /* for a failure */
+    ngx_http_idempotency_redis_pt        handler;  /* NULL: called */
+    void                                *data;
+    unsigned                             failed:1;
+} ngx_http_idempotency_redis_upload_t;
+
+
 static ngx_int_t ngx_http_idempotency_redis_init_node(ngx_cycle_t *cycle,
     ngx_http_idempotency_redis_conf_t *rcf);
 static void ngx_http_idempotency_redis_connect(
@@ -232,13 +263,18 @@ static size_t ngx_http_idempotency_redis_args_size(ngx_str_t *args,
 static ngx_int_t ngx_http_idempotency_redis_store_split(
     ngx_http_idempotency_redis_conf_t *rcf, ngx_str_t *key, ngx_str_t *args,
     ngx_msec_t deadline, ngx_http_idempotency_redis_pt handler, void *data,
-    ngx_log_t *log, ngx_http_idempotency_redis_op_t **opp);
+    ngx_pool_t *pool, u_char **memp);
+static ngx_int_t ngx_http_idempotency_redis_take(ngx_pool_t *pool, void *p);
 static ngx_http_idempotency_redis_op_t *ngx_http_idempotency_redis_retry_on(
     ngx_http_idempotency_redis_node_t *node, ngx_uint_t script,
     ngx_str_t *key, ngx_str_t *args, ngx_uint_t nargs, ngx_msec_t deadline,
     ngx_http_idempotency_redis_pt handler, void *data, ngx_log_t *log);
-static void ngx_http_idempotency_redis_body_stored(void *data,
+static ngx_int_t ngx_http_idempotency_redis_upload_next(
+    ngx_http_idempotency_redis_upload_t *u);
+static void ngx_http_idempotency_redis_upload_reply(void *data,
     redisReply *reply, ngx_uint_t rc);
+static void ngx_http_idempotency_redis_upload_fail(
+    ngx_http_idempotency_redis_upload_t *u, const char *reason);
 static void ngx_http_idempotency_redis_fetch_reply(void *data,
     redisReply *reply, ngx_uint_t rc);
 static void ngx_http_idempotency_redis_op_timer(
@@ -334,7 +370,7 @@ static ngx_http_idempotency_redis_script_t
 
     /* a split record's body: written before its head, read for a replay */
     { "body store", NULL, 0, "", "SET" },
-    { "body read", NULL, 0, "", "GETRANGE" }
+    { "body read", NULL, 0, "", "GET" }
 };
 
 
@@ -1248,7 +1284,7 @@ ngx_http_idempotency_redis_script(ngx_http_idempotency_redis_conf_t *rcf,
     node = ngx_http_idempotency_redis_pick(rcf, key);
     node = ngx_http_idempotency_redis_route(node,
                              script == NGX_HTTP_IDEMPOTENCY_SCRIPT_BODY_GET
-                             ? NGX_HTTP_IDEMPOTENCY_REDIS_SLICE
+                             ? NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK
                              : ngx_http_idempotency_redis_args_size(args,
                                                                     nargs),
                              1);
@@ -1295,17 +1331,7 @@ ngx_http_idempotency_redis_script_retry(
     ngx_str_t *args, ngx_uint_t nargs, ngx_msec_t deadline,
     ngx_http_idempotency_redis_pt handler, void *data, ngx_log_t *log)
 {
-    ngx_http_idempotency_redis_op_t    *op;
     ngx_http_idempotency_redis_node_t  *node;
-
-    if (script == NGX_HTTP_IDEMPOTENCY_SCRIPT_STORE
-        && nargs == 3
-        && ngx_http_idempotency_redis_store_split(rcf, key, args, deadline,
-                                                  handler, data, log, &op)
-           == NGX_OK)
-    {
-        return op;
-    }
 
     node = ngx_http_idempotency_redis_pick(rcf, key);
     node = ngx_http_idempotency_redis_route(node,
@@ -1368,30 +1394,51 @@ ngx_http_idempotency_redis_retry_on(ngx_http_idempotency_redis_node_t *node,
 }
 
 
+ngx_int_t
+ngx_http_idempotency_redis_store(ngx_http_idempotency_redis_conf_t *rcf,
+    ngx_str_t *key, ngx_str_t *args, ngx_msec_t deadline,
+    ngx_http_idempotency_redis_pt handler, void *data, ngx_log_t *log,
+    ngx_pool_t *pool, u_char **memp)
+{
+    ngx_int_t  rc;
+
+    rc = ngx_http_idempotency_redis_store_split(rcf, key, args, deadline,
+                                                handler, data, pool, memp);
+    if (rc != NGX_DECLINED) {
+        return rc;
+    }
+
+    return ngx_http_idempotency_redis_script_retry(rcf,
+                                           NGX_HTTP_IDEMPOTENCY_SCRIPT_STORE,
+                                           key, args, 3, deadline, handler,
+                                           data, log)
+           ? NGX_OK : NGX_ERROR;
+}
+
+
 /*
- * The store of a done record with a large body goes in two commands, in
- * order on one connection: the body as a string of its own (a plain SET:
- * Redis keeps the value it read, where a script would copy it several
- * times and stall every other client meanwhile), then the record's head
- * through the store script, which checks that the body is there.  The
- * body outlives its head by a minute, so that a replay never finds a head
- * without its body.  NGX_DECLINED: not such a record, stored as it is.
+ * The store of a done record with a large body: the body in chunks of its
+ * own (plain SETs: Redis keeps the values it read, where a script taking
+ * them would copy them again), see upload_t, then the record's head
+ * through the store script, which checks that every chunk is there.  The
+ * chunks outlive their head by a minute, so that a replay never finds a
+ * head without its body.  NGX_DECLINED: not such a record, stored as it
+ * is; NGX_ERROR: nothing could be sent.
  */
 
 static ngx_int_t
 ngx_http_idempotency_redis_store_split(ngx_http_idempotency_redis_conf_t *rcf,
     ngx_str_t *key, ngx_str_t *args, ngx_msec_t deadline,
-    ngx_http_idempotency_redis_pt handler, void *data, ngx_log_t *log,
-    ngx_http_idempotency_redis_op_t **opp)
+    ngx_http_idempotency_redis_pt handler, void *data, ngx_pool_t *pool,
+    u_char **memp)
 {
-    u_char                             *p, *mem;
-    size_t                              head_len;
-    ngx_int_t                           ttl;
-    ngx_str_t                           bkey, bargs[3], sargs[4];
-    ngx_http_idempotency_record_t       rec;
-    ngx_http_idempotency_redis_op_t    *bop;
-    ngx_http_idempotency_redis_node_t  *node;
-    u_char                              bttl[NGX_INT_T_LEN];
+    u_char                               *p;
+    size_t                                size;
+    ngx_int_t                             ttl;
+    ngx_str_t                             bkey;
+    ngx_http_idempotency_record_t         rec;
+    ngx_http_idempotency_redis_node_t    *node;
+    ngx_http_idempotency_redis_upload_t  *u;
 
     node = ngx_http_idempotency_redis_pick(rcf, key);
 
@@ -1416,85 +1463,285 @@ ngx_http_idempotency_redis_store_split(ngx_http_idempotency_redis_conf_t *rcf,
         return NGX_DECLINED;
     }
 
-    /* "idem1 done " becomes "idem1 split ", the body its length */
+    /*
+     * One allocation: the upload, the record key, our in-flight record,
+     * the head ("idem1 done " becomes "idem1 split ", the body its
+     * length), the TTL, the body key, the body's length and PX
+     */
 
-    head_len = (rec.body - args[1].data) + 1 + NGX_SIZE_T_LEN;
+    size = sizeof(ngx_http_idempotency_redis_upload_t)
+           + key->len + args[0].len
+           + (rec.body - args[1].data) + 1 + NGX_SIZE_T_LEN
+           + args[2].len
+           + rcf->prefix.len + key->len + rec.owner_len + 8
+           + 1 + NGX_SIZE_T_LEN          /* ":<i>" */
+           + NGX_SIZE_T_LEN + NGX_INT_T_LEN;
 
-    mem = ngx_alloc(head_len + rcf->prefix.len + key->len + rec.owner_len
-                    + 8, log);
-    if (mem == NULL) {
+    u = ngx_alloc(size, ngx_cycle->log);
+    if (u == NULL) {
         return NGX_DECLINED;
     }
 
-    bkey.data = mem + head_len;
+    ngx_memzero(u, sizeof(ngx_http_idempotency_redis_upload_t));
+
+    p = (u_char *) &u[1];
+
+    u->info.key.data = p;
+    u->info.key.len = key->len;
+    p = ngx_cpymem(p, key->data, key->len);
+
+    u->sargs[0].data = p;
+    u->sargs[0].len = args[0].len;
+    p = ngx_cpymem(p, args[0].data, args[0].len);
+
+    u->sargs[1].data = p;
+    p = ngx_cpymem(p, "idem1 split ", sizeof("idem1 split ") - 1);
+    p = ngx_cpymem(p, args[1].data + sizeof("idem1 done ") - 1,
+                   rec.body - args[1].data - (sizeof("idem1 done ") - 1));
+    p = ngx_sprintf(p, "%uz", rec.body_len);
+    u->sargs[1].len = p - u->sargs[1].data;
+
+    u->sargs[2].data = p;
+    u->sargs[2].len = args[2].len;
+    p = ngx_cpymem(p, args[2].data, args[2].len);
+
+    bkey.data = p;
 
     if (ngx_http_idempotency_redis_body_key(rcf, key, rec.owner,
                                             rec.owner_len, &bkey)
         != NGX_OK)
     {
-        ngx_free(mem);
+        ngx_free(u);
         return NGX_DECLINED;
     }
 
-    p = ngx_cpymem(mem, "idem1 split ", sizeof("idem1 split ") - 1);
-    p = ngx_cpymem(p, args[1].data + sizeof("idem1 done ") - 1,
-                   rec.body - args[1].data - (sizeof("idem1 done ") - 1));
-    p = ngx_sprintf(p, "%uz", rec.body_len);
+    p += bkey.len + 1 + NGX_SIZE_T_LEN;
+    u->bkey = bkey;
+    u->sargs[3] = bkey;
 
-    sargs[0] = args[0];
-    sargs[1].data = mem;
-    sargs[1].len = p - mem;
-    sargs[2] = args[2];
-    sargs[3] = bkey;
+    u->chunks = (rec.body_len + NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK - 1)
+                / NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK;
 
-    bargs[0].data = (u_char *) rec.body;
-    bargs[0].len = rec.body_len;
-    ngx_str_set(&bargs[1], "PX");
-    bargs[2].data = bttl;
-    bargs[2].len = ngx_sprintf(bttl, "%i", ttl + 60000) - bttl;
+    u->sargs[4].data = p;
+    p = ngx_sprintf(p, "%ui", u->chunks);
+    u->sargs[4].len = p - u->sargs[4].data;
 
-    node = ngx_http_idempotency_redis_route(node, rec.body_len, 0);
+    u->bttl.data = p;
+    p = ngx_sprintf(p, "%i", ttl + 60000);
+    u->bttl.len = p - u->bttl.data;
 
-    bop = ngx_http_idempotency_redis_retry_on(node,
-                                   NGX_HTTP_IDEMPOTENCY_SCRIPT_BODY_SET,
-                                   &bkey, bargs, 3, deadline,
-                                   ngx_http_idempotency_redis_body_stored,
-                                   NULL, log);
+    /* the body: taken out of the request's pool, else copied */
 
-    *opp = bop ? ngx_http_idempotency_redis_retry_on(node,
-                                   NGX_HTTP_IDEMPOTENCY_SCRIPT_STORE, key,
-                                   sargs, 4, deadline, handler, data, log)
-               : NULL;
+    if (pool && memp && *memp
+        && ngx_http_idempotency_redis_take(pool, *memp) == NGX_OK)
+    {
+        u->mem = *memp;
+        u->body = (u_char *) rec.body;
+        *memp = NULL;
 
-    ngx_free(mem);
+    } else {
+        u->mem = ngx_alloc(rec.body_len, ngx_cycle->log);
+        if (u->mem == NULL) {
+            ngx_free(u);
+            return NGX_DECLINED;
+        }
+
+        ngx_memcpy(u->mem, rec.body, rec.body_len);
+        u->body = u->mem;
+    }
+
+    u->rcf = rcf;
+    u->len = rec.body_len;
+    u->deadline = deadline;
+    u->handler = handler;
+    u->data = data;
+    u->info.script = NGX_HTTP_IDEMPOTENCY_SCRIPT_STORE;
+
+    u->node = ngx_http_idempotency_redis_route(node,
+                                     NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK,
+                                     0);
+
+    ngx_log_debug4(NGX_LOG_DEBUG_HTTP, ngx_cycle->log, 0,
+                   "idempotency redis: \"%V\" upload:%p of %uz bytes, "
+                   "%ui chunks", &u->node->name, u, u->len, u->chunks);
+
+    if (ngx_http_idempotency_redis_upload_next(u) != NGX_OK
+        && u->inflight == 0)
+    {
+        ngx_free(u->mem);
+        ngx_free(u);
+        return NGX_ERROR;
+    }
+
+    /* a chunk that could not be made after the first: tried on a reply */
 
     return NGX_OK;
 }
 
 
-/* the body of a split record: only a failure is news (its store says 0) */
+/*
+ * Takes a large block of the pool (from ngx_palloc() and friends) out of
+ * it: the pool forgets it, as ngx_pfree() would, without freeing it; it is
+ * the caller's to ngx_free() then.  NGX_DECLINED: not a large block of it.
+ */
+
+static ngx_int_t
+ngx_http_idempotency_redis_take(ngx_pool_t *pool, void *p)
+{
+    ngx_pool_large_t  *l;
+
+    for (l = pool->large; l; l = l->next) {
+        if (l->alloc == p) {
+            l->alloc = NULL;
+            return NGX_OK;
+        }
+    }
+
+    return NGX_DECLINED;
+}
+
+
+/* hands chunks to hiredis up to the window; NGX_ERROR: one was not made */
+
+static ngx_int_t
+ngx_http_idempotency_redis_upload_next(ngx_http_idempotency_redis_upload_t *u)
+{
+    size_t                            n;
+    ngx_str_t                         ckey, args[3];
+    ngx_http_idempotency_redis_op_t  *op;
+
+    while (!u->failed
+           && u->inflight < NGX_HTTP_IDEMPOTENCY_REDIS_WRITE_WINDOW
+           && u->sent < u->len)
+    {
+        n = ngx_min(u->len - u->sent, NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK);
+
+        /* "<body key>:<i>", right after the body key (the op copies it) */
+
+        ckey.data = u->bkey.data;
+        ckey.len = ngx_sprintf(u->bkey.data + u->bkey.len, ":%uz",
+                               u->sent / NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK)
+                   - ckey.data;
+
+        args[0].data = u->body + u->sent;
+        args[0].len = n;
+        ngx_str_set(&args[1], "PX");
+        args[2] = u->bttl;
+
+        op = ngx_http_idempotency_redis_retry_on(u->node,
+                                   NGX_HTTP_IDEMPOTENCY_SCRIPT_BODY_SET,
+                                   &ckey, args, 3, u->deadline,
+                                   ngx_http_idempotency_redis_upload_reply,
+                                   u, ngx_cycle->log);
+        if (op == NULL) {
+            return NGX_ERROR;
+        }
+
+        u->inflight++;
+        u->sent += n;
+    }
+
+    return NGX_OK;
+}
+
 
 static void
-ngx_http_idempotency_redis_body_stored(void *data, redisReply *reply,
+ngx_http_idempotency_redis_upload_reply(void *data, redisReply *reply,
     ngx_uint_t rc)
 {
-    ngx_http_idempotency_redis_info_t *info = data;
+    ngx_http_idempotency_redis_upload_t *u = data;
+
+    ngx_http_idempotency_redis_op_t    *op;
+    ngx_http_idempotency_redis_node_t  *node;
+
+    u->inflight--;
+
+    if (u->failed) {
+        goto done;
+    }
 
     if (rc != NGX_HTTP_IDEMPOTENCY_REDIS_OK) {
-        ngx_log_error(NGX_LOG_ERR, ngx_cycle->log, 0,
-                      "idempotency redis: gave up storing a response body "
-                      "(%s; attempts: %ui, last error: %s), its record is "
-                      "not stored",
-                      info->reason ? info->reason : "failed",
-                      info->attempts, info->error ? info->error : "none");
-        return;
+        ngx_http_idempotency_redis_upload_fail(u,
+                                   "a chunk of its body was given up");
+        goto done;
     }
 
     if (reply->type == REDIS_REPLY_ERROR) {
         ngx_log_error(NGX_LOG_ERR, ngx_cycle->log, 0,
-                      "idempotency redis: Redis error while storing a "
-                      "response body: %*s, its record is not stored",
+                      "idempotency redis: Redis error while storing the "
+                      "body of key_hash=%s: %*s",
+                      ngx_http_idempotency_key_hash(&u->info.key),
                       (size_t) reply->len, reply->str);
+        ngx_http_idempotency_redis_upload_fail(u,
+                                   "Redis refused a chunk of its body");
+        goto done;
+    }
+
+    u->acked++;
+
+    ngx_log_debug3(NGX_LOG_DEBUG_HTTP, ngx_cycle->log, 0,
+                   "idempotency redis: upload:%p chunk %ui of %ui in",
+                   u, u->acked, u->chunks);
+
+    if (u->acked < u->chunks) {
+        if (ngx_http_idempotency_redis_upload_next(u) != NGX_OK) {
+            ngx_http_idempotency_redis_upload_fail(u,
+                                   "no memory for a chunk of its body");
+        }
+
+        goto done;
+    }
+
+    /* the whole body is in: the head, on the key's own connection */
+
+    node = ngx_http_idempotency_redis_pick(u->rcf, &u->info.key);
+
+    op = ngx_http_idempotency_redis_retry_on(node,
+                                   NGX_HTTP_IDEMPOTENCY_SCRIPT_STORE,
+                                   &u->info.key, u->sargs, 5, u->deadline,
+                                   u->handler, u->data, ngx_cycle->log);
+    if (op == NULL) {
+        ngx_http_idempotency_redis_upload_fail(u,
+                                   "its head could not be sent or kept");
+        goto done;
+    }
+
+    /* that op calls the handler now */
+    u->handler = NULL;
+    u->failed = 1;
+
+done:
+
+    if (u->failed && u->inflight == 0) {
+        ngx_log_debug1(NGX_LOG_DEBUG_HTTP, ngx_cycle->log, 0,
+                       "idempotency redis: upload:%p done", u);
+        ngx_free(u->mem);
+        ngx_free(u);
+    }
+}
+
+
+/* the record is not stored: its handler hears it once */
+
+static void
+ngx_http_idempotency_redis_upload_fail(ngx_http_idempotency_redis_upload_t *u,
+    const char *reason)
+{
+    ngx_http_idempotency_redis_pt  handler;
+
+    u->failed = 1;
+    u->info.reason = reason;
+    u->info.error = reason;
+
+    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, ngx_cycle->log, 0,
+                   "idempotency redis: upload:%p failed: %s", u, reason);
+
+    handler = u->handler;
+    u->handler = NULL;
+
+    if (handler) {
+        handler(u->data ? u->data : &u->info, NULL,
+                NGX_HTTP_IDEMPOTENCY_REDIS_ERROR);
     }
 }
 
@@ -1537,20 +1784,18 @@ ngx_http_idempotency_redis_body_key(ngx_http_idempotency_redis_conf_t *rcf,
 ngx_int_t
 ngx_http_idempotency_redis_fetch(ngx_http_idempotency_redis_fetch_t *f)
 {
-    size_t      n;
-    ngx_str_t   args[2];
-    u_char      from[NGX_SIZE_T_LEN], to[NGX_SIZE_T_LEN];
+    ngx_str_t  ckey;
 
-    n = ngx_min(f->len - f->done, NGX_HTTP_IDEMPOTENCY_REDIS_SLICE);
+    /* "<body key>:<i>", in the room after the body key (the op copies it) */
 
-    args[0].data = from;
-    args[0].len = ngx_sprintf(from, "%uz", f->done) - from;
-    args[1].data = to;
-    args[1].len = ngx_sprintf(to, "%uz", f->done + n - 1) - to;
+    ckey.data = f->key.data;
+    ckey.len = ngx_sprintf(f->key.data + f->key.len, ":%uz",
+                           f->done / NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK)
+               - ckey.data;
 
     *f->opp = ngx_http_idempotency_redis_script(f->rcf,
                                   NGX_HTTP_IDEMPOTENCY_SCRIPT_BODY_GET,
-                                  &f->key, args, 2,
+                                  &ckey, NULL, 0,
                                   ngx_http_idempotency_redis_fetch_reply, f,
                                   f->log);
 
@@ -1573,7 +1818,7 @@ ngx_http_idempotency_redis_fetch_reply(void *data, redisReply *reply,
         return;
     }
 
-    n = ngx_min(f->len - f->done, NGX_HTTP_IDEMPOTENCY_REDIS_SLICE);
+    n = ngx_min(f->len - f->done, NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK);
 
     if (reply->type != REDIS_REPLY_STRING || (size_t) reply->len != n) {
         ngx_log_error(NGX_LOG_ERR, f->log, 0,
@@ -1587,7 +1832,7 @@ ngx_http_idempotency_redis_fetch_reply(void *data, redisReply *reply,
         return;
     }
 
-    ngx_memcpy(f->buf + f->done, reply->str, n);
+    ngx_memcpy(f->buf + (f->done - f->base), reply->str, n);
     f->done += n;
 
     if (f->done == f->len) {
@@ -1778,6 +2023,53 @@ ngx_http_idempotency_redis_cancel(ngx_http_idempotency_redis_op_t *op)
     }
 
     ngx_http_idempotency_redis_drained(node);
+}
+
+
+ngx_uint_t
+ngx_http_idempotency_redis_connections(ngx_http_idempotency_redis_conn_t *out,
+    ngx_uint_t n)
+{
+    ngx_uint_t                           i, j, count;
+    ngx_http_idempotency_redis_conf_t  **rcfp;
+    ngx_http_idempotency_redis_node_t   *node;
+    ngx_http_idempotency_main_conf_t    *imcf;
+
+    imcf = ngx_http_cycle_get_module_main_conf(ngx_cycle,
+                                               ngx_http_idempotency_module);
+
+    if (imcf == NULL || imcf->redis.nelts == 0) {
+        return 0;
+    }
+
+    rcfp = imcf->redis.elts;
+    count = 0;
+
+    for (i = 0; i < imcf->redis.nelts; i++) {
+
+        for (j = 0; j < 2; j++) {
+            node = j ? rcfp[i]->bulk : rcfp[i]->node;
+
+            if (node == NULL) {
+                continue;
+            }
+
+            if (count < n) {
+                out[count].name = &node->name;
+                out[count].bulk = node->bulk;
+                out[count].ready =
+                          (node->state == NGX_HTTP_IDEMPOTENCY_REDIS_READY);
+                out[count].in_flight = node->pending;
+                out[count].in_flight_bytes = node->queued;
+                out[count].commands = node->queued_seq;
+                out[count].stats = node->stats;
+            }
+
+            count++;
+        }
+    }
+
+    return count;
 }
 
 

@@ -30,20 +30,27 @@ typedef enum {
     NGX_HTTP_IDEMPOTENCY_SCRIPT_RENEW,
     NGX_HTTP_IDEMPOTENCY_SCRIPT_INSPECT,
     NGX_HTTP_IDEMPOTENCY_SCRIPT_PURGE,
-    NGX_HTTP_IDEMPOTENCY_SCRIPT_BODY_SET,   /* SET <body key> <body> PX ms */
-    NGX_HTTP_IDEMPOTENCY_SCRIPT_BODY_GET,   /* GETRANGE <body key> a b */
+    NGX_HTTP_IDEMPOTENCY_SCRIPT_BODY_SET,   /* SET <chunk key> <chunk> PX */
+    NGX_HTTP_IDEMPOTENCY_SCRIPT_BODY_GET,   /* GET <chunk key> */
     NGX_HTTP_IDEMPOTENCY_SCRIPT_N
 } ngx_http_idempotency_script_e;
 
 
 /*
- * A stored body of at least this many bytes lives in a second string (the
- * record is then "split"): a claim that finds the record gets its head only.
+ * A stored body of at least this many bytes lives apart from its record
+ * (the record is then "split"): a claim that finds the record gets its
+ * head only.  The body is kept in chunks of CHUNK bytes (the last one
+ * shorter), each a string of its own, "<body key>:0", "<body key>:1" ...:
+ * written and read one command per chunk, so that neither the worker nor
+ * Redis ever handles all of a large body in one piece (a string grown to
+ * 60 MB in place would have Redis copy or zero-fill it at once, serving
+ * no one meanwhile).  Part of the stored format.
  */
 #define NGX_HTTP_IDEMPOTENCY_REDIS_SPLIT_MIN  (16 * 1024)
+#define NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK      (1024 * 1024)
 
-/* a split record's body is read back this many bytes per command */
-#define NGX_HTTP_IDEMPOTENCY_REDIS_SLICE      (1024 * 1024)
+/* chunks a store has queued in hiredis at once: the next when one is in */
+#define NGX_HTTP_IDEMPOTENCY_REDIS_WRITE_WINDOW  2
 
 
 typedef struct ngx_http_idempotency_redis_node_s
@@ -167,9 +174,26 @@ ngx_http_idempotency_redis_op_t *ngx_http_idempotency_redis_script_retry(
     ngx_http_idempotency_redis_pt handler, void *data, ngx_log_t *log);
 
 /*
- * Reads "len" bytes of the string "key" into "buf", NGX_HTTP_IDEMPOTENCY_
- * REDIS_SLICE bytes per GETRANGE, one command at a time (Redis serves
- * everyone else between two), on the bulk connection when it is up.
+ * The settle step's STORE (args and the rest as for script_retry with
+ * NGX_HTTP_IDEMPOTENCY_SCRIPT_STORE).  args[1], the complete record, lies
+ * in *memp, a block of "pool" from ngx_pnalloc(): when the record is split
+ * (a large body), its body is written from that block, in chunks, and the
+ * block is taken out of the pool instead of copied (*memp is then set to
+ * NULL; the adapter frees the block when the store is done).  The head is
+ * stored once every chunk is in Redis.  NGX_ERROR: nothing was sent or
+ * kept (as NULL from script_retry); the handler is then never called.
+ */
+ngx_int_t ngx_http_idempotency_redis_store(
+    ngx_http_idempotency_redis_conf_t *rcf, ngx_str_t *key, ngx_str_t *args,
+    ngx_msec_t deadline, ngx_http_idempotency_redis_pt handler, void *data,
+    ngx_log_t *log, ngx_pool_t *pool, u_char **memp);
+
+/*
+ * Reads bytes "done" to "len" of the split body "key" (from its chunks)
+ * into "buf", whose first byte is byte "base" of the body, one GET per
+ * chunk, one command at a time (Redis serves everyone else between two),
+ * on the bulk connection when it is up.  key.data has room for
+ * NGX_SIZE_T_LEN + 1 more bytes (the chunk's number).
  * *opp is always the op in progress, for ngx_http_idempotency_redis_cancel;
  * the handler is called once, unless cancelled, with
  * NGX_HTTP_IDEMPOTENCY_REDIS_OK when all of it is in buf.  NGX_ERROR: no
@@ -184,9 +208,10 @@ typedef void (*ngx_http_idempotency_redis_fetch_pt)(
 struct ngx_http_idempotency_redis_fetch_s {
     ngx_http_idempotency_redis_conf_t   *rcf;
     ngx_str_t                            key;
-    u_char                              *buf;
-    size_t                               len;
-    size_t                               done;
+    u_char                              *buf;      /* byte "base" goes first */
+    size_t                               base;     /* a multiple of CHUNK */
+    size_t                               len;      /* up to this byte */
+    size_t                               done;     /* from this byte */
     ngx_http_idempotency_redis_op_t    **opp;
     ngx_http_idempotency_redis_fetch_pt  handler;
     void                                *data;
@@ -197,7 +222,8 @@ ngx_int_t ngx_http_idempotency_redis_fetch(
     ngx_http_idempotency_redis_fetch_t *f);
 
 /*
- * The key of a split record's body: "<key>:body:<owner>" when the key has
+ * The key of a split record's body (the name its chunks start with, see
+ * NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK): "<key>:body:<owner>" when the key has
  * a hash tag, "<prefix>{<key>}:body:<owner>" when it has no brace at all,
  * so that it is in the key's Redis Cluster slot either way and starts with
  * the prefix (ACL key patterns).  NGX_DECLINED for a key with braces but
@@ -218,6 +244,27 @@ void ngx_http_idempotency_redis_cancel(ngx_http_idempotency_redis_op_t *op);
  */
 ngx_connection_t *ngx_http_idempotency_redis_attach(redisAsyncContext *ac,
     ngx_log_t *log);
+
+/*
+ * One Redis connection of this worker as idempotency_status shows it: the
+ * first one of a Redis ("main") or the one for large commands ("bulk").
+ */
+typedef struct {
+    ngx_str_t                           *name;
+    ngx_uint_t                           bulk;
+    ngx_uint_t                           ready;
+    ngx_uint_t                           in_flight;   /* hiredis holds */
+    size_t                               in_flight_bytes;
+    uint64_t                             commands;    /* handed over */
+    ngx_http_idempotency_redis_stats_t   stats;
+} ngx_http_idempotency_redis_conn_t;
+
+/*
+ * This worker's connections (Redis Cluster nodes are not among them): up
+ * to n into out; returns how many there are.
+ */
+ngx_uint_t ngx_http_idempotency_redis_connections(
+    ngx_http_idempotency_redis_conn_t *out, ngx_uint_t n);
 
 /* this worker's counters for that Redis, or NULL without a connection */
 ngx_http_idempotency_redis_stats_t *ngx_http_idempotency_redis_stats(

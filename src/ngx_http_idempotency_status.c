@@ -40,6 +40,10 @@ static u_char *ngx_http_idempotency_status_json(u_char *p,
     ngx_http_idempotency_stats_t *stats);
 static u_char *ngx_http_idempotency_status_prometheus(u_char *p,
     ngx_http_idempotency_stats_t *stats);
+static u_char *ngx_http_idempotency_status_conns_json(u_char *p,
+    ngx_http_idempotency_redis_conn_t *conns, ngx_uint_t n);
+static u_char *ngx_http_idempotency_status_conns_prometheus(u_char *p,
+    ngx_http_idempotency_redis_conn_t *conns, ngx_uint_t n);
 static u_char *ngx_http_idempotency_decimal(u_char *p, ngx_uint_t value,
     ngx_uint_t scale);
 
@@ -162,8 +166,10 @@ ngx_http_idempotency_status_handler(ngx_http_request_t *r)
     ngx_uint_t                      i;
     ngx_chain_t                     out;
     ngx_table_elt_t                *h;
-    ngx_http_idempotency_stats_t   *stats;
-    ngx_http_idempotency_format_e   format;
+    ngx_uint_t                          nconns;
+    ngx_http_idempotency_stats_t       *stats;
+    ngx_http_idempotency_format_e       format;
+    ngx_http_idempotency_redis_conn_t  *conns;
 
     if (!(r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD))) {
         h = ngx_list_push(&r->headers_out.headers);
@@ -210,6 +216,28 @@ ngx_http_idempotency_status_handler(ngx_http_request_t *r)
                 + 128 + NGX_ATOMIC_T_LEN;
     }
 
+    /* this worker's own Redis connections */
+
+    conns = NULL;
+    nconns = ngx_http_idempotency_redis_connections(NULL, 0);
+
+    if (nconns) {
+        conns = ngx_palloc(r->pool,
+                           nconns * sizeof(ngx_http_idempotency_redis_conn_t));
+        if (conns == NULL) {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+
+        nconns = ngx_min(nconns,
+                         ngx_http_idempotency_redis_connections(conns,
+                                                                nconns));
+        size += 2048;
+
+        for (i = 0; i < nconns; i++) {
+            size += 8 * (conns[i].name->len + 256 + NGX_OFF_T_LEN);
+        }
+    }
+
     b = ngx_create_temp_buf(r->pool, size);
     if (b == NULL) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
@@ -219,10 +247,17 @@ ngx_http_idempotency_status_handler(ngx_http_request_t *r)
         ngx_str_set(&r->headers_out.content_type,
                     "text/plain; version=0.0.4");
         b->last = ngx_http_idempotency_status_prometheus(b->last, stats);
+        b->last = ngx_http_idempotency_status_conns_prometheus(b->last, conns,
+                                                               nconns);
 
     } else {
         ngx_str_set(&r->headers_out.content_type, "application/json");
         b->last = ngx_http_idempotency_status_json(b->last, stats);
+
+        /* the document's last member, before its closing brace */
+        b->last -= sizeof("\n}\n") - 1;
+        b->last = ngx_http_idempotency_status_conns_json(b->last, conns,
+                                                         nconns);
     }
 
     r->headers_out.content_type_len = r->headers_out.content_type.len;
@@ -549,6 +584,104 @@ ngx_http_idempotency_status_prometheus(u_char *p,
             "%uA.%06uA\n"
             NGX_HTTP_IDEMPOTENCY_PREFIX "redis_latency_seconds_count %ui\n",
             v / 1000000, v % 1000000, count);
+
+    return p;
+}
+
+
+/*
+ * The Redis connections of the worker that answers (a gauge is a value
+ * now; each worker has its own connections): "redis_connections", an
+ * array, the JSON document's last member, which closes it.
+ */
+
+static u_char *
+ngx_http_idempotency_status_conns_json(u_char *p,
+    ngx_http_idempotency_redis_conn_t *conns, ngx_uint_t n)
+{
+    ngx_uint_t  i;
+
+    p = ngx_sprintf(p, ",\n  \"redis_connections\": [");
+
+    for (i = 0; i < n; i++) {
+        p = ngx_sprintf(p, "%s\n    {\"pid\": %P, \"redis\": \"",
+                        i ? "," : "", ngx_pid);
+        p = (u_char *) ngx_escape_json(p, conns[i].name->data,
+                                       conns[i].name->len);
+        p = ngx_sprintf(p, "\", \"connection\": \"%s\", \"ready\": %s, "
+                        "\"in_flight\": %ui, \"in_flight_bytes\": %uz, "
+                        "\"commands\": %uL, \"parked\": %ui, "
+                        "\"parked_bytes\": %uz, \"retried\": %ui, "
+                        "\"given_up\": %ui}",
+                        conns[i].bulk ? "bulk" : "main",
+                        conns[i].ready ? "true" : "false",
+                        conns[i].in_flight, conns[i].in_flight_bytes,
+                        conns[i].commands, conns[i].stats.parked,
+                        conns[i].stats.parked_bytes, conns[i].stats.retried,
+                        conns[i].stats.given_up);
+    }
+
+    return ngx_sprintf(p, "%s]\n}\n", n ? "\n  " : "");
+}
+
+
+static u_char *
+ngx_http_idempotency_status_conns_prometheus(u_char *p,
+    ngx_http_idempotency_redis_conn_t *conns, ngx_uint_t n)
+{
+    ngx_uint_t                i, k;
+    uint64_t                  v;
+    static const char * const  family[] = {
+        "redis_in_flight", "gauge",
+        "Commands of this worker's Redis connection awaiting their reply.",
+        "redis_in_flight_bytes", "gauge",
+        "Bytes of those commands.",
+        "redis_parked", "gauge",
+        "Stores and releases this worker keeps for a retry on it.",
+        "redis_parked_bytes", "gauge",
+        "Bytes of those commands.",
+        "redis_connection_commands_total", "counter",
+        "Commands this worker handed to the connection since it started."
+    };
+
+    if (n == 0) {
+        return p;
+    }
+
+    for (k = 0; k < 5; k++) {
+        p = ngx_sprintf(p,
+                "# HELP " NGX_HTTP_IDEMPOTENCY_PREFIX "%s %s\n"
+                "# TYPE " NGX_HTTP_IDEMPOTENCY_PREFIX "%s %s\n",
+                family[3 * k], family[3 * k + 2], family[3 * k],
+                family[3 * k + 1]);
+
+        for (i = 0; i < n; i++) {
+            switch (k) {
+            case 0:
+                v = conns[i].in_flight;
+                break;
+            case 1:
+                v = conns[i].in_flight_bytes;
+                break;
+            case 2:
+                v = conns[i].stats.parked;
+                break;
+            case 3:
+                v = conns[i].stats.parked_bytes;
+                break;
+            default:
+                v = conns[i].commands;
+                break;
+            }
+
+            p = ngx_sprintf(p, NGX_HTTP_IDEMPOTENCY_PREFIX "%s{pid=\"%P\","
+                            "redis=\"", family[3 * k], ngx_pid);
+            p = (u_char *) ngx_escape_json(p, conns[i].name->data,
+                                           conns[i].name->len);
+            p = ngx_sprintf(p, "\",connection=\"%s\"} %uL\n",
+                            conns[i].bulk ? "bulk" : "main", v);
+        }
+    }
 
     return p;
 }

@@ -68,8 +68,12 @@ sub plant_split {
     my $rec = "idem1 split $fp $owner " . time() . " $status\r\n"
               . join('', map { "$_\r\n" } @$headers) . "\r\n"
               . length($body);
-    main::redis_cli('SET', "$ENV{TEST_NGINX_PREFIX}\{$rkey\}:body:$owner",
-                    $body, 'PX', 600000);
+    # the body in chunks of 1 MiB: "<body key>:0", ":1" ...
+    my $i = 0;
+    for (my $off = 0; $off < length $body; $off += 1 << 20) {
+        main::redis_cli('SET', "$ENV{TEST_NGINX_PREFIX}\{$rkey\}:body:$owner:"
+                        . $i++, substr($body, $off, 1 << 20), 'PX', 600000);
+    }
     main::redis_cli('SET', $rkey, $rec, 'PX', 600000);
 }
 

@@ -104,6 +104,10 @@ our $Config = qq{
     location = /backend {
         return 201 "small\\n";
     }
+
+    location = /pid {
+        return 200 \$pid;
+    }
 };
 
 # the state word of the record of $key ('' without one)
@@ -141,12 +145,17 @@ sub split_record {
     Test::More::ok($owner, 'the head says "split"');
     Test::More::like($head, qr/\r\n\r\n$size$/,
                      'the head ends with the body length');
-    Test::More::is(redis_cli('STRLEN', $bkey), $size,
-                   'the body is a string of its own');
-    Test::More::is(key_slot($bkey), key_slot($rkey),
+    # in chunks of 1 MiB, "<body key>:0", ":1" ...
+    my $chunks = int(($size + 1048575) / 1048576);
+    my $len = 0;
+    $len += redis_cli('STRLEN', "$bkey:$_") for 0 .. $chunks - 1;
+    Test::More::is($len, $size, "the body is in $chunks chunks of its own");
+    Test::More::is(redis_cli('EXISTS', "$bkey:$chunks"), 0,
+                   'and no more');
+    Test::More::is(key_slot("$bkey:0"), key_slot($rkey),
                    'in the hash slot of the record');
-    Test::More::cmp_ok(redis_cli('PTTL', $bkey), '>', redis_cli('PTTL', $rkey),
-                       'and it outlives the head');
+    Test::More::cmp_ok(redis_cli('PTTL', "$bkey:0"), '>',
+                       redis_cli('PTTL', $rkey), 'and it outlives the head');
 }
 
 # a counter of INFO stats
@@ -213,25 +222,135 @@ sub post {
     return ($status, $len, $sha->hexdigest);
 }
 
+# the pid of nginx's (only) worker, and a field of its /proc status in kB
+sub worker_pid {
+    my $sock = IO::Socket::INET->new(
+        PeerAddr => '127.0.0.1',
+        PeerPort => $ENV{TEST_NGINX_SERVER_PORT},
+        Timeout  => 10,
+    ) or return 0;
+    print $sock "GET /pid HTTP/1.0\r\nHost: localhost\r\n\r\n";
+    local $/;
+    my $res = <$sock> // '';
+    return $res =~ /\r\n\r\n(\d+)$/ ? $1 : 0;
+}
+
+sub proc_kb {
+    my ($pid, $field) = @_;
+    open my $fh, '<', "/proc/$pid/status" or return -1;
+    while (<$fh>) {
+        return $1 if /^$field:\s+(\d+) kB/;
+    }
+    return -1;
+}
+
+# Polls the VmRSS of $pid every few ms in a child of its own; returns a
+# function that stops it and returns the highest value seen (kB).
+sub rss_sampler {
+    my ($pid) = @_;
+    pipe(my $stop_r, my $stop_w) or die "pipe: $!";
+    pipe(my $res_r, my $res_w) or die "pipe: $!";
+    my $child = fork();
+    die "fork: $!" unless defined $child;
+    if ($child == 0) {
+        close $stop_w;
+        close $res_r;
+        my ($max, $rin) = (0, '');
+        vec($rin, fileno($stop_r), 1) = 1;
+        until (select(my $r = $rin, undef, undef, 0.003)) {
+            my $v = proc_kb($pid, 'VmRSS');
+            $max = $v if $v > $max;
+        }
+        print $res_w "$max\n";
+        close $res_w;
+        POSIX::_exit(0);
+    }
+    close $stop_r;
+    close $res_w;
+    return sub {
+        close $stop_w;
+        my $max = <$res_r> // 0;
+        waitpid($child, 0);
+        chomp $max;
+        return $max;
+    };
+}
+
+# A client asks for the 60 MB replay, reads a MiB of it and leaves: the
+# worker stops reading the body from Redis (it reads a chunk ahead of the
+# client, not the whole body first).
+sub leave_mid_replay {
+    my $stat = sub {
+        my ($v) = redis_cli('INFO', 'commandstats') =~ /^cmdstat_get:calls=(\d+)/m;
+        return $v // 0;
+    };
+    my $before = $stat->();
+
+    my $sock = IO::Socket::INET->new(
+        PeerAddr => '127.0.0.1',
+        PeerPort => $ENV{TEST_NGINX_SERVER_PORT},
+        Timeout  => 30 * $Slow,
+    ) or die "connect: $!";
+    print $sock "POST /big HTTP/1.1\r\nHost: localhost\r\n"
+                . "Idempotency-Key: big-1\r\nContent-Length: 1\r\n\r\nx";
+    my $buf = '';
+    while (length $buf < 1 << 20) {
+        sysread($sock, $buf, 65536, length $buf) or last;
+    }
+    my ($status) = $buf =~ m{^HTTP/1\.1 (\d+)};
+    close $sock;
+
+    # until the worker notices (its next write fails) and a while after
+    Time::HiRes::sleep(1.5 * $Slow);
+    my $gets = $stat->() - $before;
+
+    Test::More::is($status, 200, 'the replay began');
+    Test::More::cmp_ok($gets, '<', 40, "the client left after a MiB: the "
+                       . "worker read $gets of the 60 chunks from Redis");
+}
+
+# nginx runs with ASan's runtime (make test-asan)
+sub under_asan {
+    my ($pid) = @_;
+    open my $fh, '<', "/proc/$pid/maps" or return 0;
+    local $/;
+    return <$fh> =~ /libasan/ ? 1 : 0;
+}
+
 # Small requests on fresh keys, one after the other, until $stop becomes
-# readable; prints "<answers> <statuses other than 201>" to $out.
+# readable; prints one line per request to $out: "<start> <seconds taken>
+# <status>" (times from Time::HiRes).
 sub small_loop {
     my ($stop, $out) = @_;
 
-    my ($n, @bad) = (0);
+    my $n = 0;
     my $rin = '';
     vec($rin, fileno($stop), 1) = 1;
 
     until (select(my $r = $rin, undef, undef, 0)) {
+        my $t0 = Time::HiRes::time();
         my ($status) = post('/small', "small-$$-$n");
-        push @bad, $status if $status != 201;
+        printf $out "%.6f %.6f %s\n", $t0, Time::HiRes::time() - $t0,
+                    $status;
         $n++;
         Time::HiRes::sleep(0.01);
     }
 
-    print $out "$n @bad\n";
     close $out;
     POSIX::_exit(0);
+}
+
+# the longest time a small request took (or waited to start: a request is
+# sent 10 ms after the last one ended) that overlaps [$from, $to]
+sub worst_small {
+    my ($samples, $from, $to) = @_;
+    my $worst = 0;
+    for my $s (@$samples) {
+        my ($t0, $dt) = @$s;
+        next if $t0 + $dt < $from || $t0 > $to;
+        $worst = $dt if $dt > $worst;
+    }
+    return $worst;
 }
 
 # the big record stored, then replayed, while the small loop runs
@@ -251,27 +370,125 @@ sub big_while_small {
     close $stop_r;
     close $res_w;
 
+    Time::HiRes::sleep(0.3);
+
+    my $wpid = worker_pid();
+    my $hwm0 = proc_kb($wpid, 'VmHWM');
+
+    redis_cli('SLOWLOG', 'RESET');
+    my $t_store = Time::HiRes::time();
     my @first = post('/big', 'big-1', 60);
+    my $t_first = Time::HiRes::time();
 
     my $end = Time::HiRes::time() + 30 * $Slow;
-    Time::HiRes::sleep(0.1)
-        while record_state('big-1') ne 'done' && Time::HiRes::time() < $end;
+    Time::HiRes::sleep(0.05)
+        while record_state('big-1') ne 'split' && Time::HiRes::time() < $end;
     my $state = record_state('big-1');
+    my $t_stored = Time::HiRes::time();
+    my $hwm1 = proc_kb($wpid, 'VmHWM');
 
+    my ($rss0, $sampler) = (proc_kb($wpid, 'VmRSS'), rss_sampler($wpid));
     my @replay = post('/big', 'big-1', 60);
+    my $t_replayed = Time::HiRes::time();
+    my $rss1 = $sampler->();
 
     Time::HiRes::sleep(0.3);
     close $stop_w;
-    my $res = <$res_r> // '';
+    my @samples = map { [split ' '] } <$res_r>;
     waitpid($pid, 0);
-    my ($n, @bad) = split ' ', $res;
+    my @bad = map { $_->[2] } grep { $_->[2] != 201 } @samples;
+
+    my $store = worst_small(\@samples, $t_store, $t_stored);
+    my $replay = worst_small(\@samples, $t_stored, $t_replayed);
+    Test::More::diag(sprintf 'small requests: %d; the slowest while the '
+                     . '60 MB record was stored: %.0f ms, replayed: %.0f ms '
+                     . '(store %.2f s, replay %.2f s)', scalar @samples,
+                     $store * 1000, $replay * 1000, $t_stored - $t_store,
+                     $t_replayed - $t_stored)
+        if $ENV{TEST_VERBOSE} || $ENV{T171_VERBOSE};
+    Test::More::diag("Redis SLOWLOG: " . join ' ', grep { /^\d+$/ }
+                     split /\s+/, redis_cli('SLOWLOG', 'GET', 3))
+        if $ENV{T171_VERBOSE};
+    Test::More::diag("worker $wpid: VmHWM $hwm0 kB before the store, "
+                     . "$hwm1 kB after")
+        if $ENV{T171_VERBOSE};
+    Test::More::diag(sprintf 'first answered at +%.2f s; slow: %s',
+                     $t_first - $t_store, join ' ', map {
+                         sprintf '+%.2f:%.0fms', $_->[0] - $t_store,
+                         $_->[1] * 1000 } grep { $_->[1] > 0.05 } @samples)
+        if $ENV{T171_VERBOSE};
 
     Test::More::is("@first", "200 $Size $Sha", 'the first request is answered');
     Test::More::is($state, 'split', 'the 60 MB record is stored, its body '
                    . 'apart');
     Test::More::is("@replay", "200 $Size $Sha", 'the record is replayed');
-    Test::More::cmp_ok($n // 0, '>', 5, 'small requests ran meanwhile');
+    Test::More::cmp_ok(scalar @samples, '>', 5, 'small requests ran meanwhile');
     Test::More::is("@bad", '', 'every small request was answered 201');
+    Test::More::ok($wpid && $hwm0 > 0, "the worker's memory is known");
+    # the captured response is the one copy of the body the store needs
+    # (not under ASan, whose quarantine keeps what is freed)
+    Test::More::cmp_ok($hwm1 - $hwm0, '<', 100 * 1024,
+                       'storing the 60 MB record took the worker less than '
+                       . '100 MB more memory at its peak')
+        unless under_asan($wpid);
+    Test::More::diag("worker RSS $rss0 kB before the replay, at most "
+                     . "$rss1 kB during it")
+        if $ENV{T171_VERBOSE};
+    # the replay streams: two chunks of 1 MiB at a time, not the body
+    Test::More::cmp_ok($rss1 - $rss0, '<', 24 * 1024,
+                       'replaying the 60 MB record took the worker less '
+                       . 'than 24 MB more memory')
+        unless under_asan($wpid);
+    Test::More::cmp_ok($store * 1000, '<', 300 * $Slow,
+                       'no small request waited 300 ms while the 60 MB '
+                       . 'record was stored');
+}
+
+# The 60 MB record again, with the worker's connection that carries its
+# body killed by Redis while the body is on its way: the chunks not yet
+# answered are sent again once it is back, and the record is stored whole
+# (or, were a chunk lost, not at all: never with a hole).
+sub kill_mid_store {
+    pipe(my $res_r, my $res_w) or die "pipe: $!";
+    my $pid = fork();
+    die "fork: $!" unless defined $pid;
+    if ($pid == 0) {
+        close $res_r;
+        print $res_w join(' ', post('/big', 'big-kill', 60)), "\n";
+        close $res_w;
+        POSIX::_exit(0);
+    }
+    close $res_w;
+
+    # once some of the body's chunks are in, and not all: every client of
+    # Redis but redis-cli itself, the worker's connections among them
+    my $pattern = $ENV{TEST_NGINX_PREFIX} . '{' . $ENV{TEST_NGINX_PREFIX}
+                  . Digest::SHA::sha256_hex('t') . ':big-kill}:body:*';
+    my ($killed, $end) = (0, Time::HiRes::time() + 30 * $Slow);
+    while (!$killed && Time::HiRes::time() < $end) {
+        my $n = () = redis_cli('KEYS', $pattern) =~ /:body:/g;
+        if ($n > 2 && $n < 50) {
+            $killed = redis_cli('CLIENT', 'KILL', 'TYPE', 'normal') =~ /[1-9]/;
+            Test::More::diag("killed after $n chunks") if $ENV{T171_VERBOSE};
+        }
+        Time::HiRes::sleep(0.002);
+    }
+
+    my $first = <$res_r> // '';
+    chomp $first;
+    waitpid($pid, 0);
+
+    $end = Time::HiRes::time() + 30 * $Slow;
+    Time::HiRes::sleep(0.05)
+        while record_state('big-kill') ne 'split'
+              && Time::HiRes::time() < $end;
+
+    Test::More::ok($killed, 'the connection carrying the body was killed '
+                   . 'while the body was on its way');
+    Test::More::is($first, "200 $Size $Sha", 'the first request is answered');
+    Test::More::is(record_state('big-kill'), 'split',
+                   'the record is stored all the same');
+    split_record('big-kill', $Size);
 }
 
 no_shuffle();
@@ -380,3 +597,36 @@ Idempotency-Key: small-hit
 --- error_code: 201
 --- response_headers
 Idempotent-Replayed: true
+
+
+
+=== TEST 8: the connection carrying a large body is killed mid-store: the body is sent again, the record is stored whole
+--- init
+main::kill_mid_store();
+--- request
+POST /big
+x
+--- more_headers
+Idempotency-Key: big-kill
+--- error_code: 200
+--- response_headers
+Idempotent-Replayed: true
+Content-Length: 62914560
+--- error_log
+reachable again
+--- timeout: 60
+
+
+
+=== TEST 9: a client that leaves mid-replay: the worker stops reading the body from Redis
+--- init
+main::leave_mid_replay();
+--- request
+POST /small
+x
+--- more_headers
+Idempotency-Key: after-leave
+--- error_code: 201
+--- no_error_log
+[alert]
+--- timeout: 60

@@ -4,12 +4,18 @@
 -- KEYS[1] record key
 -- ARGV[1] our in-flight record   ARGV[2] the complete record
 -- ARGV[3] TTL in ms
--- ARGV[4] for a split record only: the key of its body, written just
---         before (same hash slot); without it the head is not stored
+-- ARGV[4] for a split record only: the key of its body, whose chunks
+--         "<ARGV[4]>:0", ":1" ... were written just before (same hash slot)
+-- ARGV[5] how many chunks: without every one of them, the head is not
+--         stored
 local cur = redis.call('GET', KEYS[1])
 if cur == ARGV[1] then
-    if ARGV[4] and redis.call('EXISTS', ARGV[4]) == 0 then
-        return 0
+    if ARGV[4] then
+        for i = 0, tonumber(ARGV[5] or '1') - 1 do
+            if redis.call('EXISTS', ARGV[4] .. ':' .. i) == 0 then
+                return 0
+            end
+        end
     end
     redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
     return 1
