@@ -802,12 +802,13 @@ ngx_http_idempotency_renew_done(void *data, redisReply *reply, ngx_uint_t rc)
  * buffer may wait for, NGX_DECLINED otherwise.
  *
  * STORE and RELEASE are retryable ops: if Redis cannot be reached, the
- * adapter keeps the command (with its copy of the response) and sends it
- * again once Redis is back, until the claim's lock TTL ends.  After that a
- * store would be refused by the owner check anyway (the claim is gone or
- * someone else's), so that is the op's deadline.  Running either script
- * twice is harmless: a second STORE with the same owner writes the same
- * record, a second RELEASE finds no claim of ours.
+ * adapter keeps the command (with the response: a copy, or for a large
+ * body the captured buffer itself, which it then takes from ctx->record)
+ * and sends it again once Redis is back, until the claim's lock TTL ends.
+ * After that a store would be refused by the owner check anyway (the
+ * claim is gone or someone else's), so that is the op's deadline.  Running
+ * either script twice is harmless: a second STORE with the same owner
+ * writes the same record, a second RELEASE finds no claim of ours.
  */
 
 ngx_int_t
