@@ -160,12 +160,12 @@ ngx_http_idempotency_status(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 static ngx_int_t
 ngx_http_idempotency_status_handler(ngx_http_request_t *r)
 {
-    size_t                          size;
-    ngx_int_t                       rc;
-    ngx_buf_t                      *b;
-    ngx_uint_t                      i;
-    ngx_chain_t                     out;
-    ngx_table_elt_t                *h;
+    size_t                              size;
+    ngx_int_t                           rc;
+    ngx_str_t                           type;
+    ngx_buf_t                          *b;
+    ngx_uint_t                          i;
+    ngx_table_elt_t                    *h;
     ngx_uint_t                          nconns;
     ngx_http_idempotency_stats_t       *stats;
     ngx_http_idempotency_format_e       format;
@@ -244,14 +244,13 @@ ngx_http_idempotency_status_handler(ngx_http_request_t *r)
     }
 
     if (format == NGX_HTTP_IDEMPOTENCY_FORMAT_PROMETHEUS) {
-        ngx_str_set(&r->headers_out.content_type,
-                    "text/plain; version=0.0.4");
+        ngx_str_set(&type, "text/plain; version=0.0.4");
         b->last = ngx_http_idempotency_status_prometheus(b->last, stats);
         b->last = ngx_http_idempotency_status_conns_prometheus(b->last, conns,
                                                                nconns);
 
     } else {
-        ngx_str_set(&r->headers_out.content_type, "application/json");
+        ngx_str_set(&type, "application/json");
         b->last = ngx_http_idempotency_status_json(b->last, stats);
 
         /* the document's last member, before its closing brace */
@@ -260,25 +259,7 @@ ngx_http_idempotency_status_handler(ngx_http_request_t *r)
                                                          nconns);
     }
 
-    r->headers_out.content_type_len = r->headers_out.content_type.len;
-    r->headers_out.content_type_lowcase = NULL;
-
-    r->headers_out.status = NGX_HTTP_OK;
-    r->headers_out.content_length_n = b->last - b->pos;
-
-    b->last_buf = (r == r->main) ? 1 : 0;
-    b->last_in_chain = 1;
-
-    rc = ngx_http_send_header(r);
-
-    if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
-        return rc;
-    }
-
-    out.buf = b;
-    out.next = NULL;
-
-    return ngx_http_output_filter(r, &out);
+    return ngx_http_idempotency_send_body(r, NGX_HTTP_OK, &type, b, 0);
 }
 
 

@@ -303,6 +303,7 @@ GET /status
 --- error_code: 200
 --- response_headers
 Content-Type: application/json
+Cache-Control: no-store
 !Last-Modified
 !ETag
 !Expires
