@@ -258,12 +258,15 @@ Idempotent-Replayed: true
 $main::MvSlot = main::keyslot('mv');
 $main::MvFrom = $main::C->owner($main::MvSlot);
 $main::MvTo = ($main::MvFrom + 1) % 3;
+# keys of earlier blocks (their prefix is random) may share the slot
+$main::MvBase = $main::C->cli($main::MvFrom, 'CLUSTER', 'COUNTKEYSINSLOT',
+                              $main::MvSlot);
 my ($st) = main::post('mv-{mv}-1');
 Test::More::is($st, 201, "recorded before the move");
 main::new_log();
 $main::C->migrate_start($main::MvSlot, $main::MvFrom, $main::MvTo);
-Test::More::is($main::C->migrate_keys($main::MvSlot, $main::MvFrom, $main::MvTo), 1,
-               "the record migrated");
+Test::More::is($main::C->migrate_keys($main::MvSlot, $main::MvFrom, $main::MvTo),
+               $main::MvBase + 1, "the record migrated");
 $main::C->migrate_finish($main::MvSlot, $main::MvTo);
 Test::More::is($main::C->owner($main::MvSlot, $main::MvTo), $main::MvTo, "slot $main::MvSlot moved");
 --- request
@@ -299,7 +302,8 @@ my $log = main::new_log();
 Test::More::is(main::execs($log, 'mv-{mv}-2'), 1, "ran once");
 Test::More::unlike($log, qr/"MOVED /, "no MOVED for the new key");
 Test::More::is($main::C->cli($main::MvTo, 'CLUSTER', 'COUNTKEYSINSLOT',
-                             $main::MvSlot), 2, "both records on the new master");
+                             $main::MvSlot), $main::MvBase + 2,
+               "both records on the new master");
 Test::More::is($main::C->cli($main::MvFrom, 'CLUSTER', 'COUNTKEYSINSLOT',
                              $main::MvSlot), 0, "none left on the old one");
 --- request
@@ -468,7 +472,8 @@ Test::More::note(sprintf "%d keys, %d answers, %d 409 retries, %d MOVED, "
                  . "%d ASK followed, %.1f s", scalar @keys,
                  (eval { my $n = 0; $n += @$_ for values %$res; $n }),
                  $retries, $moved, $ask, Time::HiRes::time() - $t0);
-Test::More::cmp_ok(scalar @keys, '>', 100, "the storm ran (" . @keys . " keys)");
+Test::More::cmp_ok(scalar @keys, '>', 100 / $main::Slow,
+                   "the storm ran (" . @keys . " keys)");
 Test::More::is("@twice", '', "no key ran twice");
 Test::More::is("@never", '', "every answered key ran");
 Test::More::is(scalar @bad, 0, "every client got 201")
