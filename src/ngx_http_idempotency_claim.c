@@ -980,24 +980,14 @@ ngx_http_idempotency_settle_wait(ngx_http_idempotency_ctx_t *ctx,
     ngx_chain_t *in)
 {
     ngx_msec_t           timeout;
-    ngx_chain_t         *cl, **ll;
     ngx_http_request_t  *r;
 
     r = ctx->request;
-    ll = &ctx->held;
+    ctx->held = NULL;
 
-    for ( /* void */ ; in; in = in->next) {
-        cl = ngx_alloc_chain_link(r->pool);
-        if (cl == NULL) {
-            return NGX_ERROR;
-        }
-
-        cl->buf = in->buf;
-        *ll = cl;
-        ll = &cl->next;
+    if (ngx_chain_add_copy(r->pool, &ctx->held, in) != NGX_OK) {
+        return NGX_ERROR;
     }
-
-    *ll = NULL;
 
     if (ngx_http_idempotency_waiting.next == NULL) {
         ngx_queue_init(&ngx_http_idempotency_waiting);

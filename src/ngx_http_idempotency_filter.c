@@ -430,25 +430,14 @@ ngx_http_idempotency_release_held(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, ngx_chain_t *in)
 {
     ngx_int_t                  rc;
-    ngx_chain_t               *cl, **ll;
+    ngx_chain_t               *cl;
     ngx_http_core_loc_conf_t  *clcf;
 
     /* what comes meanwhile goes behind what is held, in its own links */
 
-    for (ll = &ctx->held; *ll; ll = &(*ll)->next) { /* void */ }
-
-    for ( /* void */ ; in; in = in->next) {
-        cl = ngx_alloc_chain_link(r->pool);
-        if (cl == NULL) {
-            return NGX_ERROR;
-        }
-
-        cl->buf = in->buf;
-        *ll = cl;
-        ll = &cl->next;
+    if (ngx_chain_add_copy(r->pool, &ctx->held, in) != NGX_OK) {
+        return NGX_ERROR;
     }
-
-    *ll = NULL;
 
     if (ctx->waiting) {
         return NGX_AGAIN;
@@ -600,23 +589,18 @@ ngx_http_idempotency_keep_tail(ngx_http_request_t *r,
      */
 
     out = NULL;
-    ll = &out;
 
-    for (cl = *in; cl; cl = cl->next) {
-        if (cl->buf == last) {
-            continue;
-        }
-
-        *ll = ngx_alloc_chain_link(r->pool);
-        if (*ll == NULL) {
-            return NGX_ERROR;
-        }
-
-        (*ll)->buf = cl->buf;
-        ll = &(*ll)->next;
+    if (ngx_chain_add_copy(r->pool, &out, *in) != NGX_OK) {
+        return NGX_ERROR;
     }
 
-    *ll = NULL;
+    for (ll = &out; *ll; ll = &(*ll)->next) {
+        if ((*ll)->buf == last) {
+            *ll = (*ll)->next;
+            break;
+        }
+    }
+
     *in = out;
 
     return NGX_OK;
