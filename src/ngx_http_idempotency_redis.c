@@ -327,6 +327,9 @@ static void ngx_http_idempotency_redis_node_write_handler(ngx_event_t *wev);
 /* bytes of all parked ops of this worker, against the PARKED_MAX cap */
 static size_t  ngx_http_idempotency_redis_parked_bytes;
 
+/* the connection whose write handler runs: hiredis asking again means EAGAIN */
+static ngx_connection_t  *ngx_http_idempotency_redis_writing;
+
 
 static ngx_http_idempotency_redis_transient_t
     ngx_http_idempotency_redis_transients[] = {
@@ -3103,12 +3106,33 @@ ngx_http_idempotency_redis_del_read(void *privdata)
 }
 
 
+/*
+ * hiredis asks for a write with every command it queues.  On a connected
+ * socket the write is posted to the next pass of the event loop (whose
+ * epoll_wait() does not wait when something is posted there): one write(2)
+ * then carries every command queued by the events of this pass and of the
+ * next one, and no epoll_ctl(2) is needed to learn that the socket can be
+ * written to.  The socket's write event is asked for only while connecting,
+ * or when what is queued did not fit in the socket: hiredis asks again
+ * from within the write handler.
+ */
+
 static void
 ngx_http_idempotency_redis_add_write(void *privdata)
 {
-    ngx_connection_t  *c = privdata;
+    ngx_connection_t   *c = privdata;
+    redisAsyncContext  *ac;
 
-    if (c == NULL || c->write->active) {
+    if (c == NULL || c->write->active || c->write->posted) {
+        return;
+    }
+
+    ac = c->data;
+
+    if (c != ngx_http_idempotency_redis_writing
+        && (ac->c.flags & REDIS_CONNECTED))
+    {
+        ngx_post_event(c->write, &ngx_posted_next_events);
         return;
     }
 
@@ -3127,7 +3151,15 @@ ngx_http_idempotency_redis_del_write(void *privdata)
 {
     ngx_connection_t  *c = privdata;
 
-    if (c == NULL || !c->write->active) {
+    if (c == NULL) {
+        return;
+    }
+
+    if (c->write->posted) {
+        ngx_delete_posted_event(c->write);
+    }
+
+    if (!c->write->active) {
         return;
     }
 
@@ -3215,7 +3247,9 @@ ngx_http_idempotency_redis_write_handler(ngx_event_t *wev)
 
     c = wev->data;
 
+    ngx_http_idempotency_redis_writing = c;
     redisAsyncHandleWrite(c->data);
+    ngx_http_idempotency_redis_writing = NULL;
 }
 
 
@@ -3232,7 +3266,9 @@ ngx_http_idempotency_redis_node_write_handler(ngx_event_t *wev)
     ac = c->data;
     node = ac->data;
 
+    ngx_http_idempotency_redis_writing = c;
     redisAsyncHandleWrite(ac);
+    ngx_http_idempotency_redis_writing = NULL;
 
     /* every command handed to hiredis so far is on its way to Redis */
 
