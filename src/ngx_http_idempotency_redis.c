@@ -192,7 +192,9 @@ typedef struct {
  * twice is the same chunk).  Once every chunk is in, the head is stored
  * (the store script checks that every chunk is there).  The body is read
  * from "mem", taken from the request's pool (or a copy of it), freed when
- * the last chunk is done.
+ * the last chunk is done.  While Redis is away (a chunk parked) the whole
+ * body counts against the worker's retry buffer, as a record stored whole
+ * would; "charged" says so.
  */
 typedef struct {
     ngx_http_idempotency_redis_conf_t   *rcf;
@@ -211,7 +213,9 @@ typedef struct {
     ngx_http_idempotency_redis_info_t    info;     /* for a failure */
     ngx_http_idempotency_redis_pt        handler;  /* NULL: called */
     void                                *data;
+    const char                          *why;      /* a chunk given up */
     unsigned                             failed:1;
+    unsigned                             charged:1;
 } ngx_http_idempotency_redis_upload_t;
 
 
@@ -273,6 +277,10 @@ static ngx_int_t ngx_http_idempotency_redis_upload_next(
     ngx_http_idempotency_redis_upload_t *u);
 static void ngx_http_idempotency_redis_upload_reply(void *data,
     redisReply *reply, ngx_uint_t rc);
+static void ngx_http_idempotency_redis_upload_free(
+    ngx_http_idempotency_redis_upload_t *u);
+static ngx_http_idempotency_redis_upload_t *
+    ngx_http_idempotency_redis_upload_of(ngx_http_idempotency_redis_op_t *op);
 static void ngx_http_idempotency_redis_upload_fail(
     ngx_http_idempotency_redis_upload_t *u, const char *reason);
 static void ngx_http_idempotency_redis_fetch_reply(void *data,
@@ -1446,12 +1454,12 @@ ngx_http_idempotency_redis_store_split(ngx_http_idempotency_redis_conf_t *rcf,
     node = ngx_http_idempotency_redis_pick(rcf, key);
 
     /*
-     * Without Redis now the record is kept whole for a retry (or given up
-     * at once when it is too large to keep), as any store
+     * Without Redis now the chunks are parked as they are made, the body
+     * counted against the retry buffer (or given up at once when it is too
+     * large to keep), and sent once Redis is back
      */
 
     if (node == NULL
-        || node->state != NGX_HTTP_IDEMPOTENCY_REDIS_READY
         || args[1].len < NGX_HTTP_IDEMPOTENCY_REDIS_SPLIT_MIN
         || ngx_http_idempotency_record_parse(args[1].data, args[1].len, &rec)
            != 0
@@ -1571,8 +1579,7 @@ ngx_http_idempotency_redis_store_split(ngx_http_idempotency_redis_conf_t *rcf,
     if (ngx_http_idempotency_redis_upload_next(u) != NGX_OK
         && u->inflight == 0)
     {
-        ngx_free(u->mem);
-        ngx_free(u);
+        ngx_http_idempotency_redis_upload_free(u);
         return NGX_ERROR;
     }
 
@@ -1664,9 +1671,15 @@ ngx_http_idempotency_redis_upload_reply(void *data, redisReply *reply,
     }
 
     if (rc != NGX_HTTP_IDEMPOTENCY_REDIS_OK) {
-        ngx_http_idempotency_redis_upload_fail(u,
-                                   "a chunk of its body was given up");
+        ngx_http_idempotency_redis_upload_fail(u, u->why ? u->why
+                                   : "a chunk of its body was given up");
         goto done;
+    }
+
+    if (u->charged && reply->type != REDIS_REPLY_ERROR) {
+        /* Redis is back: the body no longer waits for it */
+        u->charged = 0;
+        ngx_http_idempotency_redis_parked_bytes -= u->len;
     }
 
     if (reply->type == REDIS_REPLY_ERROR) {
@@ -1709,6 +1722,9 @@ ngx_http_idempotency_redis_upload_reply(void *data, redisReply *reply,
         goto done;
     }
 
+    /* its handler hears that the record waited for Redis */
+    op->info.parked += u->info.parked;
+
     /* that op calls the handler now */
     u->handler = NULL;
     u->failed = 1;
@@ -1718,9 +1734,20 @@ done:
     if (u->failed && u->inflight == 0) {
         ngx_log_debug1(NGX_LOG_DEBUG_HTTP, ngx_cycle->log, 0,
                        "idempotency redis: upload:%p done", u);
-        ngx_free(u->mem);
-        ngx_free(u);
+        ngx_http_idempotency_redis_upload_free(u);
     }
+}
+
+
+static void
+ngx_http_idempotency_redis_upload_free(ngx_http_idempotency_redis_upload_t *u)
+{
+    if (u->charged) {
+        ngx_http_idempotency_redis_parked_bytes -= u->len;
+    }
+
+    ngx_free(u->mem);
+    ngx_free(u);
 }
 
 
@@ -1734,7 +1761,10 @@ ngx_http_idempotency_redis_upload_fail(ngx_http_idempotency_redis_upload_t *u,
 
     u->failed = 1;
     u->info.reason = reason;
-    u->info.error = reason;
+
+    if (u->info.error == NULL) {
+        u->info.error = reason;
+    }
 
     ngx_log_debug2(NGX_LOG_DEBUG_HTTP, ngx_cycle->log, 0,
                    "idempotency redis: upload:%p failed: %s", u, reason);
@@ -2706,54 +2736,90 @@ static const char *
 ngx_http_idempotency_redis_park(ngx_http_idempotency_redis_op_t *op,
     const char *error, ngx_msec_t retry)
 {
-    size_t                              max;
-    ngx_msec_int_t                      left;
-    ngx_http_idempotency_redis_node_t  *node;
+    size_t                                max, size;
+    ngx_str_t                            *key;
+    const char                           *name, *reason;
+    ngx_msec_int_t                        left;
+    ngx_http_idempotency_redis_node_t    *node;
+    ngx_http_idempotency_redis_upload_t  *u;
 
     node = op->node;
     op->info.error = error;
 
-    if (node->exiting) {
-        return "the worker is exiting";
+    /*
+     * A chunk of a split record's body stands for the record: the whole
+     * body waits for Redis, and the lines name the record's store
+     */
+
+    u = ngx_http_idempotency_redis_upload_of(op);
+
+    if (u) {
+        u->info.error = error;
+        u->info.attempts = op->info.attempts;
+        size = u->charged ? 0 : u->len;
+        name = "store";
+        key = &u->info.key;
+
+    } else {
+        size = op->size;
+        name = ngx_http_idempotency_redis_scripts[op->info.script].name;
+        key = &op->info.key;
     }
 
     left = (ngx_msec_int_t) (op->deadline - ngx_current_msec);
-
-    if (left <= 0) {
-        return "its deadline passed";
-    }
-
     max = NGX_HTTP_IDEMPOTENCY_REDIS_PARKED_MAX;
 
-    if (op->size > max - ngx_min(max, ngx_http_idempotency_redis_parked_bytes))
+    if (node->exiting) {
+        reason = "the worker is exiting";
+
+    } else if (left <= 0) {
+        reason = "its deadline passed";
+
+    } else if (size
+               > max - ngx_min(max, ngx_http_idempotency_redis_parked_bytes))
     {
         ngx_log_error(NGX_LOG_ERR, node->log, 0,
                       "idempotency redis: \"%V\" cannot keep the %s of "
                       "key_hash=%s (%uz bytes) for a retry: commands kept "
                       "for a retry may use at most %uz bytes (%uz MiB) per "
                       "worker, %uz are in use (%ui here)",
-                      &node->name,
-                      ngx_http_idempotency_redis_scripts[op->info.script].name,
-                      ngx_http_idempotency_key_hash(&op->info.key),
-                      op->size, max, max >> 20,
+                      &node->name, name, ngx_http_idempotency_key_hash(key),
+                      size, max, max >> 20,
                       ngx_http_idempotency_redis_parked_bytes,
                       node->stats.parked);
 
-        return "the worker's retry buffer is full";
+        reason = "the worker's retry buffer is full";
+
+    } else {
+        reason = NULL;
     }
 
-    if (op->info.parked++ == 0) {
+    if (reason) {
+        if (u) {
+            u->why = reason;
+        }
+
+        return reason;
+    }
+
+    if (u && !u->charged) {
+        u->charged = 1;
+        u->info.parked++;
+        ngx_http_idempotency_redis_parked_bytes += u->len;
+    }
+
+    if (op->info.parked++ == 0 || !op->kept) {
         op->kept = 1;
         node->kept++;
         ngx_http_idempotency_stat_inc(NGX_HTTP_IDEMPOTENCY_STAT_REDIS_PARKED);
+    }
 
+    if (u ? size != 0 : op->info.parked == 1) {
         ngx_log_error(NGX_LOG_WARN, node->log, 0,
                       "idempotency redis: \"%V\" %s of key_hash=%s failed "
                       "(%s), kept for a retry for up to %M ms",
-                      &node->name,
-                      ngx_http_idempotency_redis_scripts[op->info.script].name,
-                      ngx_http_idempotency_key_hash(&op->info.key), error,
-                      (ngx_msec_t) left);
+                      &node->name, name, ngx_http_idempotency_key_hash(key),
+                      error, (ngx_msec_t) left);
 
     } else {
         ngx_log_debug5(NGX_LOG_DEBUG_HTTP, node->log, 0,
@@ -2768,7 +2834,10 @@ ngx_http_idempotency_redis_park(ngx_http_idempotency_redis_op_t *op,
 
     node->stats.parked++;
     node->stats.parked_bytes += op->size;
-    ngx_http_idempotency_redis_parked_bytes += op->size;
+
+    if (u == NULL) {
+        ngx_http_idempotency_redis_parked_bytes += op->size;
+    }
 
     if (op->timer.timer_set) {
         ngx_del_timer(&op->timer);
@@ -2797,7 +2866,21 @@ ngx_http_idempotency_redis_unpark(ngx_http_idempotency_redis_op_t *op)
 
     node->stats.parked--;
     node->stats.parked_bytes -= op->size;
-    ngx_http_idempotency_redis_parked_bytes -= op->size;
+
+    if (ngx_http_idempotency_redis_upload_of(op) == NULL) {
+        ngx_http_idempotency_redis_parked_bytes -= op->size;
+    }
+}
+
+
+/* the upload whose chunk the op is, or NULL */
+
+static ngx_http_idempotency_redis_upload_t *
+ngx_http_idempotency_redis_upload_of(ngx_http_idempotency_redis_op_t *op)
+{
+    return (op->info.script == NGX_HTTP_IDEMPOTENCY_SCRIPT_BODY_SET
+            && op->data != NULL)
+           ? op->data : NULL;
 }
 
 
@@ -2848,8 +2931,9 @@ static void
 ngx_http_idempotency_redis_give_up(ngx_http_idempotency_redis_op_t *op,
     const char *reason)
 {
-    ngx_http_idempotency_redis_pt       handler;
-    ngx_http_idempotency_redis_node_t  *node;
+    ngx_http_idempotency_redis_pt         handler;
+    ngx_http_idempotency_redis_node_t    *node;
+    ngx_http_idempotency_redis_upload_t  *u;
 
     node = op->node;
 
@@ -2870,6 +2954,13 @@ ngx_http_idempotency_redis_give_up(ngx_http_idempotency_redis_op_t *op,
     }
 
     op->info.reason = reason;
+
+    u = ngx_http_idempotency_redis_upload_of(op);
+
+    if (u) {
+        u->why = reason;
+        u->info.attempts = op->info.attempts;
+    }
 
     ngx_log_debug5(NGX_LOG_DEBUG_HTTP, node->log, 0,
                    "idempotency redis: \"%V\" op:%p given up: %s (%s), "

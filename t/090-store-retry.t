@@ -513,3 +513,84 @@ GET /
 --- error_log eval
 [qr/\[error\] .*gave up storing the response for key_hash=${\ main::key_hash('exit-1')} \(the worker is exiting; attempts: \d+, last error: (?:not connected|connection lost)\)/,
  qr/every command kept for a retry is settled: 0 parked, 0 bytes; 0 resent, 1 given up/]
+
+
+
+=== TEST 15: a split record (3 MiB) as Redis is killed after the claim: its body waits in chunks for Redis
+--- http_config eval: $::HttpConfig
+--- config eval: $::Config
+--- init
+main::upstream_once(
+    before => sub { main::redis_cli('SAVE'); main::redis_ctl('kill') },
+    body => 'y' x (3 * 1024 * 1024 + 5),
+    after => sub {
+        Time::HiRes::sleep(0.5 * $main::Slow);
+        main::redis_ctl('start');
+    });
+--- request
+POST /big
+x
+--- more_headers
+Idempotency-Key: split-1
+--- timeout eval: 10 * $::Slow
+--- error_code: 201
+--- response_headers
+!Idempotent-Replayed
+--- wait eval: 0.3 * $::Slow
+--- error_log eval
+qr/store of key_hash=${\ main::key_hash('split-1')} failed \((?:not connected|connection lost)\), kept for a retry/
+--- no_error_log
+cannot keep
+
+
+
+=== TEST 16: Redis back: the record is stored in chunks, a retry gets the whole body
+--- init
+Test::More::ok(main::wait_state('split-1', 'split', 10 * $main::Slow),
+               'the body went in chunks once Redis was back: the record is split');
+my $dir = main::redis_dir();
+unlink "$dir/dump.rdb" if $dir;
+--- request
+POST /big
+x
+--- more_headers
+Idempotency-Key: split-1
+--- timeout eval: 10 * $::Slow
+--- error_code: 201
+--- response_headers
+Idempotent-Replayed: true
+--- response_body eval: 'y' x (3 * 1024 * 1024 + 5)
+--- grep_error_log: EXEC POST /backend split-1
+--- grep_error_log_out
+EXEC POST /backend split-1
+--- error_log eval
+[qr/storing the response for key_hash=${\ main::key_hash('split-1')} succeeded after a retry/,
+ qr/every command kept for a retry is settled: 0 parked, 0 bytes/]
+--- no_error_log
+gave up
+
+
+
+=== TEST 17: that body no longer counts against the retry buffer: 62 MiB more can wait for Redis
+--- skip_eval: 3: $ENV{TEST_NGINX_USE_VALGRIND}
+--- init
+return if $ENV{TEST_NGINX_USE_VALGRIND};    # skipped: 62 MiB is slow there
+main::upstream_once(port => $main::Port,
+    before => sub { main::redis_ctl('kill') },
+    body => 'z' x (62 * 1024 * 1024),
+    after => sub {
+        Time::HiRes::sleep(0.5 * $main::Slow);
+        main::redis_ctl('start');
+    });
+--- request
+POST /big
+x
+--- more_headers
+Idempotency-Key: split-2
+--- timeout eval: 30 * $::Slow
+--- error_code: 201
+--- wait eval: 0.5 * $::Slow
+--- error_log eval
+qr/store of key_hash=${\ main::key_hash('split-2')} failed \((?:not connected|connection lost)\), kept for a retry/
+--- no_error_log
+cannot keep
