@@ -818,6 +818,7 @@ ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx)
     ngx_int_t                           rc;
     ngx_str_t                           args[3];
     ngx_uint_t                          script, nargs;
+    ngx_array_t                        *more;
     ngx_http_request_t                 *r;
     ngx_http_idempotency_redis_op_t    *op;
     ngx_http_idempotency_loc_conf_t    *ilcf;
@@ -861,6 +862,7 @@ ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx)
     /* the fence: the in-flight record this request's claim wrote */
 
     args[0] = ctx->inflight;
+    more = NULL;
 
     if (ctx->release) {
         script = NGX_HTTP_IDEMPOTENCY_SCRIPT_RELEASE;
@@ -917,8 +919,10 @@ ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx)
                            - (sizeof(CRLF) - 1) - args[1].len;
             ngx_memcpy(args[1].data, head, args[1].len);
 
+            /* the body's first part: the rest is in ctx->more */
             args[1].len += ctx->headers_len + sizeof(CRLF) - 1
-                           + ctx->body_len;
+                           + ctx->body_len - ctx->more_len;
+            more = ctx->more;
         }
 
         args[2].data = ttl;
@@ -936,7 +940,8 @@ ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx)
                                            ctx->claimed + ilcf->lock_ttl,
                                            ngx_http_idempotency_settle_handler,
                                            NULL, r->connection->log,
-                                           r->pool, &ctx->record);
+                                           r->pool, &ctx->record,
+                                           more, ctx->more_len);
 
     } else {
         op = ngx_http_idempotency_redis_script_retry(ilcf->redis, script,

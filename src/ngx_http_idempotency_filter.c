@@ -722,12 +722,20 @@ ngx_http_idempotency_swallow(ngx_chain_t *in)
 }
 
 
+/*
+ * The body goes into the record's room, which grows by doubling (a body of
+ * unknown length) up to one chunk of a split record; a body that goes on
+ * past that fills blocks of a chunk each (ctx->more), so that no more than
+ * a chunk is ever copied again.  Room made for a Content-Length (or grown
+ * past a chunk before) simply doubles.
+ */
+
 static ngx_int_t
 ngx_http_idempotency_capture(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, ngx_buf_t *b)
 {
-    u_char  *p;
-    size_t   len, size;
+    u_char   *p, *pos, **block;
+    size_t    len, size, n, off;
 
     if (ngx_buf_special(b)) {
         return NGX_OK;
@@ -761,9 +769,16 @@ ngx_http_idempotency_capture(ngx_http_request_t *r,
         return NGX_OK;
     }
 
-    if (ctx->body_len + len > ctx->body_size) {
+    if (ctx->more == NULL && ctx->body_len + len > ctx->body_size
+        && ctx->body_size != NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK)
+    {
         size = ngx_max(ctx->body_size * 2, ctx->body_len + len);
         size = ngx_max(size, 4096);
+
+        if (ctx->body_size < NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK) {
+            size = ngx_min(size, NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK);
+        }
+
         size = ngx_min(size, ctx->conf->max_response_size);
 
         p = ngx_pnalloc(r->pool, ctx->body_off + size);
@@ -780,8 +795,54 @@ ngx_http_idempotency_capture(ngx_http_request_t *r,
         ctx->body_size = size;
     }
 
-    ngx_memcpy(ctx->record + ctx->body_off + ctx->body_len, b->pos, len);
-    ctx->body_len += len;
+    pos = b->pos;
+
+    if (ctx->more == NULL) {
+        n = ngx_min(len, ctx->body_size - ctx->body_len);
+
+        ngx_memcpy(ctx->record + ctx->body_off + ctx->body_len, pos, n);
+        ctx->body_len += n;
+
+        if (n == len) {
+            return NGX_OK;
+        }
+
+        /* the room is one chunk, full: the rest goes in blocks */
+
+        pos += n;
+        len -= n;
+
+        ctx->more = ngx_array_create(r->pool, 4, sizeof(u_char *));
+        if (ctx->more == NULL) {
+            return NGX_ERROR;
+        }
+    }
+
+    while (len) {
+        off = ctx->more_len % NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK;
+
+        if (off == 0) {
+            block = ngx_array_push(ctx->more);
+            if (block == NULL) {
+                return NGX_ERROR;
+            }
+
+            *block = ngx_palloc(r->pool, NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK);
+            if (*block == NULL) {
+                return NGX_ERROR;
+            }
+        }
+
+        block = ctx->more->elts;
+        n = ngx_min(len, NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK - off);
+
+        ngx_memcpy(block[ctx->more->nelts - 1] + off, pos, n);
+
+        pos += n;
+        len -= n;
+        ctx->more_len += n;
+        ctx->body_len += n;
+    }
 
     return NGX_OK;
 }

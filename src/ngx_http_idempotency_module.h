@@ -156,6 +156,15 @@ typedef struct {
     size_t                               body_len;
     size_t                               body_size; /* room for the body */
 
+    /*
+     * a body of unknown length past its first NGX_HTTP_IDEMPOTENCY_REDIS_
+     * CHUNK bytes (which fill the record's room): blocks of a chunk each,
+     * the last partly filled, more_len bytes in all, so that nothing is
+     * copied again as the body grows (a split record's chunks are these)
+     */
+    ngx_array_t                         *more;
+    size_t                               more_len;
+
     unsigned                             header_seen:1;
     unsigned                             release:1;
     unsigned                             capture:1;

@@ -201,6 +201,8 @@ typedef struct {
     ngx_http_idempotency_redis_node_t   *node;     /* of the chunks */
     u_char                              *mem;      /* ours, holds body */
     u_char                              *body;
+    u_char                             **blocks;   /* ours: chunks 1.. */
+    ngx_uint_t                           nblocks;
     size_t                               len;
     size_t                               sent;     /* bytes handed over */
     ngx_uint_t                           chunks;   /* in all */
@@ -267,7 +269,7 @@ static size_t ngx_http_idempotency_redis_args_size(ngx_str_t *args,
 static ngx_int_t ngx_http_idempotency_redis_store_split(
     ngx_http_idempotency_redis_conf_t *rcf, ngx_str_t *key, ngx_str_t *args,
     ngx_msec_t deadline, ngx_http_idempotency_redis_pt handler, void *data,
-    ngx_pool_t *pool, u_char **memp);
+    ngx_pool_t *pool, u_char **memp, ngx_array_t *more, size_t more_len);
 static ngx_int_t ngx_http_idempotency_redis_take(ngx_pool_t *pool, void *p);
 static ngx_http_idempotency_redis_op_t *ngx_http_idempotency_redis_retry_on(
     ngx_http_idempotency_redis_node_t *node, ngx_uint_t script,
@@ -1409,14 +1411,45 @@ ngx_int_t
 ngx_http_idempotency_redis_store(ngx_http_idempotency_redis_conf_t *rcf,
     ngx_str_t *key, ngx_str_t *args, ngx_msec_t deadline,
     ngx_http_idempotency_redis_pt handler, void *data, ngx_log_t *log,
-    ngx_pool_t *pool, u_char **memp)
+    ngx_pool_t *pool, u_char **memp, ngx_array_t *more, size_t more_len)
 {
-    ngx_int_t  rc;
+    u_char     *p, **block;
+    ngx_int_t   rc;
+    ngx_str_t   flat[3];
+    ngx_uint_t  i;
 
     rc = ngx_http_idempotency_redis_store_split(rcf, key, args, deadline,
-                                                handler, data, pool, memp);
+                                                handler, data, pool, memp,
+                                                more, more_len);
     if (rc != NGX_DECLINED) {
         return rc;
+    }
+
+    if (more && more_len) {
+
+        /* stored whole after all (no node for it now): one copy */
+
+        p = ngx_pnalloc(pool, args[1].len + more_len);
+        if (p == NULL) {
+            return NGX_ERROR;
+        }
+
+        flat[0] = args[0];
+        flat[1].data = p;
+        flat[2] = args[2];
+
+        p = ngx_cpymem(p, args[1].data, args[1].len);
+        block = more->elts;
+
+        for (i = 0; i < more->nelts; i++) {
+            p = ngx_cpymem(p, block[i],
+                           ngx_min(more_len
+                                   - i * NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK,
+                                   NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK));
+        }
+
+        flat[1].len = p - flat[1].data;
+        args = flat;
     }
 
     return ngx_http_idempotency_redis_script_retry(rcf,
@@ -1441,10 +1474,11 @@ static ngx_int_t
 ngx_http_idempotency_redis_store_split(ngx_http_idempotency_redis_conf_t *rcf,
     ngx_str_t *key, ngx_str_t *args, ngx_msec_t deadline,
     ngx_http_idempotency_redis_pt handler, void *data, ngx_pool_t *pool,
-    u_char **memp)
+    u_char **memp, ngx_array_t *more, size_t more_len)
 {
-    u_char                               *p;
-    size_t                                size;
+    u_char                               *p, **block;
+    size_t                                size, body_len;
+    ngx_uint_t                            i, nblocks;
     ngx_int_t                             ttl;
     ngx_str_t                             bkey;
     ngx_http_idempotency_record_t         rec;
@@ -1469,6 +1503,13 @@ ngx_http_idempotency_redis_store_split(ngx_http_idempotency_redis_conf_t *rcf,
         return NGX_DECLINED;
     }
 
+    nblocks = (more && more_len) ? more->nelts : 0;
+    body_len = rec.body_len + (nblocks ? more_len : 0);
+
+    if (nblocks && rec.body_len != NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK) {
+        return NGX_DECLINED;
+    }
+
     ttl = ngx_atoi(args[2].data, args[2].len);
     if (ttl == NGX_ERROR) {
         return NGX_DECLINED;
@@ -1481,6 +1522,7 @@ ngx_http_idempotency_redis_store_split(ngx_http_idempotency_redis_conf_t *rcf,
      */
 
     size = sizeof(ngx_http_idempotency_redis_upload_t)
+           + nblocks * sizeof(u_char *)
            + key->len + args[0].len
            + (rec.body - args[1].data) + 1 + NGX_SIZE_T_LEN
            + args[2].len
@@ -1495,7 +1537,8 @@ ngx_http_idempotency_redis_store_split(ngx_http_idempotency_redis_conf_t *rcf,
 
     ngx_memzero(u, sizeof(ngx_http_idempotency_redis_upload_t));
 
-    p = (u_char *) &u[1];
+    u->blocks = (u_char **) &u[1];
+    p = (u_char *) &u->blocks[nblocks];
 
     u->info.key.data = p;
     u->info.key.len = key->len;
@@ -1509,7 +1552,7 @@ ngx_http_idempotency_redis_store_split(ngx_http_idempotency_redis_conf_t *rcf,
     p = ngx_cpymem(p, "idem1 split ", sizeof("idem1 split ") - 1);
     p = ngx_cpymem(p, args[1].data + sizeof("idem1 done ") - 1,
                    rec.body - args[1].data - (sizeof("idem1 done ") - 1));
-    p = ngx_sprintf(p, "%uz", rec.body_len);
+    p = ngx_sprintf(p, "%uz", body_len);
     u->sargs[1].len = p - u->sargs[1].data;
 
     u->sargs[2].data = p;
@@ -1530,7 +1573,7 @@ ngx_http_idempotency_redis_store_split(ngx_http_idempotency_redis_conf_t *rcf,
     u->bkey = bkey;
     u->sargs[3] = bkey;
 
-    u->chunks = (rec.body_len + NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK - 1)
+    u->chunks = (body_len + NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK - 1)
                 / NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK;
 
     u->sargs[4].data = p;
@@ -1561,8 +1604,38 @@ ngx_http_idempotency_redis_store_split(ngx_http_idempotency_redis_conf_t *rcf,
         u->body = u->mem;
     }
 
+    /* the next chunks, in blocks of their own: taken as well, or copied */
+
+    block = nblocks ? more->elts : NULL;
+
+    for (i = 0; i < nblocks; i++) {
+        if (ngx_http_idempotency_redis_take(pool, block[i]) == NGX_OK) {
+            u->blocks[i] = block[i];
+
+        } else {
+            u->blocks[i] = ngx_alloc(NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK,
+                                     ngx_cycle->log);
+            if (u->blocks[i] == NULL) {
+                ngx_http_idempotency_redis_upload_free(u);
+                return NGX_ERROR;
+            }
+
+            ngx_memcpy(u->blocks[i], block[i],
+                       ngx_min(more_len
+                               - i * NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK,
+                               NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK));
+        }
+
+        u->nblocks++;
+    }
+
+    if (nblocks) {
+        /* the pool has let go of the blocks: the request no longer has them */
+        more->nelts = 0;
+    }
+
     u->rcf = rcf;
-    u->len = rec.body_len;
+    u->len = body_len;
     u->deadline = deadline;
     u->handler = handler;
     u->data = data;
@@ -1618,6 +1691,7 @@ ngx_http_idempotency_redis_upload_next(ngx_http_idempotency_redis_upload_t *u)
 {
     size_t                            n;
     ngx_str_t                         ckey, args[3];
+    ngx_uint_t                        i;
     ngx_http_idempotency_redis_op_t  *op;
 
     while (!u->failed
@@ -1625,6 +1699,7 @@ ngx_http_idempotency_redis_upload_next(ngx_http_idempotency_redis_upload_t *u)
            && u->sent < u->len)
     {
         n = ngx_min(u->len - u->sent, NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK);
+        i = u->sent / NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK;
 
         /* "<body key>:<i>", right after the body key (the op copies it) */
 
@@ -1633,7 +1708,8 @@ ngx_http_idempotency_redis_upload_next(ngx_http_idempotency_redis_upload_t *u)
                                u->sent / NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK)
                    - ckey.data;
 
-        args[0].data = u->body + u->sent;
+        args[0].data = (i && u->nblocks) ? u->blocks[i - 1]
+                                         : u->body + u->sent;
         args[0].len = n;
         ngx_str_set(&args[1], "PX");
         args[2] = u->bttl;
@@ -1742,8 +1818,14 @@ done:
 static void
 ngx_http_idempotency_redis_upload_free(ngx_http_idempotency_redis_upload_t *u)
 {
+    ngx_uint_t  i;
+
     if (u->charged) {
         ngx_http_idempotency_redis_parked_bytes -= u->len;
+    }
+
+    for (i = 0; i < u->nblocks; i++) {
+        ngx_free(u->blocks[i]);
     }
 
     ngx_free(u->mem);

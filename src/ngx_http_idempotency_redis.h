@@ -180,13 +180,18 @@ ngx_http_idempotency_redis_op_t *ngx_http_idempotency_redis_script_retry(
  * (a large body), its body is written from that block, in chunks, and the
  * block is taken out of the pool instead of copied (*memp is then set to
  * NULL; the adapter frees the block when the store is done).  The head is
- * stored once every chunk is in Redis.  NGX_ERROR: nothing was sent or
- * kept (as NULL from script_retry); the handler is then never called.
+ * stored once every chunk is in Redis.  "more", when not NULL, holds the
+ * rest of the body (more_len bytes) in blocks of "pool" of
+ * NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK bytes each (u_char *), the body in
+ * args[1] then being one chunk exactly: they are its next chunks, taken
+ * out of the pool as well.  NGX_ERROR: nothing was sent or kept (as NULL
+ * from script_retry); the handler is then never called.
  */
 ngx_int_t ngx_http_idempotency_redis_store(
     ngx_http_idempotency_redis_conf_t *rcf, ngx_str_t *key, ngx_str_t *args,
     ngx_msec_t deadline, ngx_http_idempotency_redis_pt handler, void *data,
-    ngx_log_t *log, ngx_pool_t *pool, u_char **memp);
+    ngx_log_t *log, ngx_pool_t *pool, u_char **memp, ngx_array_t *more,
+    size_t more_len);
 
 /*
  * Reads bytes "done" to "len" of the split body "key" (from its chunks)

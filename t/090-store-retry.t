@@ -20,6 +20,7 @@ use lib 't/lib';
 use IdemTest;
 use IO::Socket::INET;
 use POSIX ();
+use Socket ();
 use Time::HiRes ();
 
 $ENV{TEST_NGINX_REDIS_PORT} ||= 6379;
@@ -55,6 +56,13 @@ our $Config = q{
         idempotency on;
         idempotency_max_response_size 100m;
         proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
+    }
+
+    # straight to the one-shot upstream: a reset it sends is seen here
+    location = /bigcut {
+        idempotency on;
+        idempotency_max_response_size 100m;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_RAND_PORT_1/backend;
     }
 
     location = /backend {
@@ -133,6 +141,8 @@ sub backend_port {
 # $TEST_NGINX_RAND_PORT_1), listening when this returns.  A detached process
 # (double fork, nothing left to reap) accepts one request, runs $o{before},
 # answers 201 with $o{body}, then runs $o{after}; an alarm bounds its life.
+# With $o{reset}, the answer has no Content-Length and the connection is
+# reset after the body: a response cut off, whose length was never known.
 sub upstream_once {
     my (%o) = @_;
     my $port = $o{port} // backend_port();
@@ -170,11 +180,17 @@ sub upstream_once {
 
             my $body = $o{body} // "created\n";
             my $resp = "HTTP/1.1 201 Created\r\nContent-Type: text/plain\r\n"
-                       . "Content-Length: " . length($body) . "\r\n"
+                       . ($o{reset} ? ''
+                          : "Content-Length: " . length($body) . "\r\n")
                        . "Connection: close\r\n\r\n" . $body;
             while (length $resp) {
                 my $n = syswrite($c, $resp) or last;
                 substr($resp, 0, $n, '');
+            }
+            if ($o{reset}) {
+                Time::HiRes::sleep(0.5 * $main::Slow);
+                setsockopt($c, Socket::SOL_SOCKET(), Socket::SO_LINGER(),
+                           pack('ii', 1, 0));
             }
             close $c;
 
@@ -594,3 +610,31 @@ Idempotency-Key: split-2
 qr/store of key_hash=${\ main::key_hash('split-2')} failed \((?:not connected|connection lost)\), kept for a retry/
 --- no_error_log
 cannot keep
+
+
+
+=== TEST 18: a response of unknown length cut off after 2 MiB is held as outcome unknown: its record is a head, no body
+--- http_config eval: $::HttpConfig
+--- config eval: $::Config
+--- init
+main::upstream_once(reset => 1, body => 'c' x (2 * 1024 * 1024 + 7));
+my $sock = IO::Socket::INET->new(PeerAddr => '127.0.0.1',
+                                 PeerPort => $ENV{TEST_NGINX_SERVER_PORT},
+                                 Timeout => 10 * $main::Slow)
+    or die "connect: $!";
+print $sock "POST /bigcut HTTP/1.1\r\nHost: localhost\r\nIdempotency-Key: cut-1\r\n"
+            . "Content-Length: 1\r\nConnection: close\r\n\r\nx";
+1 while sysread($sock, my $buf, 65536);
+close $sock;
+main::wait_state('cut-1', 'unknown', 10 * $main::Slow);
+my ($rkey) = split /\n/, main::redis_cli('--scan', '--pattern',
+                                         "$ENV{TEST_NGINX_PREFIX}*:cut-1");
+Test::More::like(main::redis_cli('GET', $rkey), qr/^idem1 unknown [^\n]*\r\n\r\n\z/,
+                 'the unknown record is a head alone, no part of the body');
+--- request
+POST /bigcut
+x
+--- more_headers
+Idempotency-Key: cut-1
+--- error_code: 502
+--- response_body_like: outcome-unknown

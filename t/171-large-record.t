@@ -32,7 +32,8 @@ $ENV{TEST_NGINX_PREFIX} ||= "t171-$$-" . time() . ":";
 our $Dir = File::Temp::tempdir('t171-XXXXXX', TMPDIR => 1, CLEANUP => 1);
 chmod 0755, $Dir;    # read by nginx workers that may not be root
 our $Size = 60 * 1024 * 1024;
-our ($Sha, $Over);
+our $Size33 = 33 * 1024 * 1024;
+our ($Sha, $Over, $Sha33);
 
 # the 60 MB file, 1 MiB at a time, each slice its own
 {
@@ -48,6 +49,15 @@ our ($Sha, $Over);
     open $fh, '>:raw', "$Dir/b20.bin" or die "$Dir/b20.bin: $!";
     print $fh $slice for 1 .. 20;
     close $fh or die "$Dir/b20.bin: $!";
+    my $sha33 = Digest::SHA->new(256);
+    open $fh, '>:raw', "$Dir/b33.bin" or die "$Dir/b33.bin: $!";
+    for my $i (1 .. 33) {
+        my $s = pack('N', $i + 1000) . substr($slice, 4);
+        print $fh $s;
+        $sha33->add($s);
+    }
+    close $fh or die "$Dir/b33.bin: $!";
+    $Sha33 = $sha33->hexdigest;
     open $fh, '>:raw', "$Dir/over.bin" or die "$Dir/over.bin: $!";
     print $fh $slice x 2;
     close $fh;
@@ -107,6 +117,28 @@ our $Config = qq{
 
     location = /pid {
         return 200 \$pid;
+    }
+};
+
+# A response of unknown length: the upstream answers HTTP/1.0 without a
+# Content-Length (sub_filter drops it), so the module learns the body's
+# size only at its end.  A fresh worker (another configuration) for its
+# peak memory.
+our $ChunkedConfig = $Config . qq{
+    location = /chunked {
+        idempotency on;
+        idempotency_scope "t";
+        idempotency_max_response_size 100m;
+        proxy_buffering off;
+        proxy_method GET;
+        proxy_pass http://127.0.0.1:\$TEST_NGINX_SERVER_PORT/chunked-files/b33.bin;
+    }
+
+    location /chunked-files/ {
+        sendfile off;
+        alias $Dir/;
+        sub_filter_types *;
+        sub_filter 'no such text' '';
     }
 };
 
@@ -212,6 +244,21 @@ sub post {
     my ($status) = $head =~ m{^HTTP/1\.1 (\d+)};
 
     my $sha = Digest::SHA->new(256);
+
+    if ($head =~ /^Transfer-Encoding:\s*chunked/mi) {
+        # a response of unknown length: read whole, then unframed
+        1 while sysread($sock, $buf, 1 << 20, length $buf);
+        my $body = '';
+        while ($buf =~ /\G([0-9a-fA-F]+)\r\n/gc) {
+            my $n = hex $1;
+            last if $n == 0;
+            $body .= substr($buf, pos($buf), $n);
+            pos($buf) += $n + 2;
+        }
+        $sha->add($body);
+        return ($status, length $body, $sha->hexdigest);
+    }
+
     my $len = length $buf;
     $sha->add($buf);
     while (sysread($sock, $buf, 1 << 20)) {
@@ -338,6 +385,37 @@ sub small_loop {
 
     close $out;
     POSIX::_exit(0);
+}
+
+# the 33 MiB response of unknown length: stored split and replayed, the
+# worker's peak memory one copy of the body (its capture grew by doubling
+# before, which at 33 MiB held a 32 MiB and a 64 MiB buffer at once)
+sub unknown_length {
+    my $wpid = worker_pid();
+    my $hwm0 = proc_kb($wpid, 'VmHWM');
+
+    my @first = post('/chunked', 'ch-1', 60);
+
+    my $end = Time::HiRes::time() + 30 * $Slow;
+    Time::HiRes::sleep(0.05)
+        while record_state('ch-1') ne 'split' && Time::HiRes::time() < $end;
+    my $hwm1 = proc_kb($wpid, 'VmHWM');
+
+    my @replay = post('/chunked', 'ch-1', 60);
+
+    Test::More::diag("worker $wpid: VmHWM $hwm0 kB before, $hwm1 kB after "
+                     . "the 33 MiB response of unknown length")
+        if $ENV{T171_VERBOSE};
+
+    Test::More::is("@first", "200 $Size33 $Sha33",
+                   'the response of unknown length is answered');
+    Test::More::is(record_state('ch-1'), 'split', 'and stored split');
+    split_record('ch-1', $Size33);
+    Test::More::is("@replay", "200 $Size33 $Sha33", 'and replayed');
+    Test::More::cmp_ok($hwm1 - $hwm0, '<', 52 * 1024,
+                       'capturing and storing it took the worker less than '
+                       . '52 MB more memory at its peak')
+        unless under_asan($wpid);
 }
 
 # the longest time a small request took (or waited to start: a request is
@@ -629,4 +707,22 @@ Idempotency-Key: after-leave
 --- error_code: 201
 --- no_error_log
 [alert]
+--- timeout: 60
+
+
+
+=== TEST 10: a 33 MiB response of unknown length is captured without copies, stored split and replayed
+--- http_config eval: $::HttpConfig
+--- config eval: $::ChunkedConfig
+--- init
+main::unknown_length();
+--- request
+POST /small
+x
+--- more_headers
+Idempotency-Key: after-chunked
+--- error_code: 201
+--- no_error_log
+[alert]
+[error]
 --- timeout: 60

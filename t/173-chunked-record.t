@@ -74,6 +74,25 @@ $Big
         idempotency_status;
     }
 
+    # the same body without a Content-Length (sub_filter drops it, the
+    # upstream request is HTTP/1.0): captured in blocks of a chunk
+    location = /unknown {
+        idempotency on;
+        idempotency_scope "t";
+        idempotency_max_response_size 10m;
+        proxy_buffering off;
+        proxy_method GET;
+        proxy_pass http://127.0.0.1:\$TEST_NGINX_SERVER_PORT/unframed/big.bin;
+    }
+
+    location /unframed/ {
+        access_log logs/error.log exec;
+        sendfile off;
+        alias $Dir/;
+        sub_filter_types *;
+        sub_filter 'no such text' '';
+    }
+
     location /files/ {
         access_log logs/error.log exec;
         sendfile off;
@@ -427,3 +446,46 @@ GET /status?format=prometheus
 --- error_code: 200
 --- response_body_like
 nginx_idempotency_redis_in_flight\{pid="\d+",redis="[^"]+",connection="bulk"\} 0
+
+
+
+=== TEST 10: a response of unknown length (3 MiB and a byte) is captured in blocks and stored split
+--- http_config eval: $::HttpConfig
+--- config eval: $::Config
+--- request
+POST /unknown
+x
+--- more_headers
+Idempotency-Key: c-u
+--- error_code: 200
+--- response_headers
+!Content-Length
+--- response_body eval
+$::Body
+--- no_error_log
+[error]
+[alert]
+
+
+
+=== TEST 11: its chunks are the body's, and its retry is replayed byte for byte
+--- http_config eval: $::HttpConfig
+--- config eval: $::Config
+--- init
+main::check_chunks('c-u');
+--- request
+POST /unknown
+x
+--- more_headers
+Idempotency-Key: c-u
+--- error_code: 200
+--- response_headers
+Idempotent-Replayed: true
+Content-Length: 3145729
+--- response_body eval
+$::Body
+--- grep_error_log: EXEC GET /unframed/big.bin
+--- grep_error_log_out
+--- no_error_log
+[error]
+[alert]
