@@ -36,6 +36,15 @@ our $Body = join('', map { pack('N', $_) x 256 } 1 .. 3 * 1024) . 'z';
     close $fh or die "$Dir/big.bin: $!";
 }
 
+# bodies of unknown length around the chunk's size: the capture's room
+# ends at one chunk, the blocks after it are the next chunks
+our %Edge = (e1 => 1048576, e2 => 1048577, e3 => 2097152, e4 => 16383);
+for my $f (sort keys %Edge) {
+    open my $fh, '>:raw', "$Dir/$f.bin" or die "$Dir/$f.bin: $!";
+    print $fh substr($Body x 2, 7, $Edge{$f});
+    close $fh or die "$Dir/$f.bin: $!";
+}
+
 our $Big = qq{
     location = /big {
         idempotency on;
@@ -83,6 +92,14 @@ $Big
         proxy_buffering off;
         proxy_method GET;
         proxy_pass http://127.0.0.1:\$TEST_NGINX_SERVER_PORT/unframed/big.bin;
+    }
+
+    location = /edge {
+        idempotency on;
+        idempotency_scope "t";
+        idempotency_max_response_size 10m;
+        proxy_method GET;
+        proxy_pass http://127.0.0.1:\$server_port/unframed/\$arg_f.bin;
     }
 
     location /unframed/ {
@@ -173,6 +190,45 @@ sub raw {
     }
     return ($status, $cl, length $body, Digest::SHA::sha256_hex($body),
             $eof);
+}
+
+# POST /edge?f=$f over HTTP/1.0 (a response of unknown length then ends
+# with the connection): (status, Content-Length or '-', body)
+sub edge {
+    my ($f, $key) = @_;
+    my $sock = IO::Socket::INET->new(
+        PeerAddr => '127.0.0.1',
+        PeerPort => $ENV{TEST_NGINX_SERVER_PORT},
+        Timeout  => 30 * $Slow,
+    ) or return (0);
+    print $sock "POST /edge?f=$f HTTP/1.0\r\nHost: localhost\r\n"
+                . "Idempotency-Key: $key\r\nContent-Length: 1\r\n\r\nx";
+    my $buf = '';
+    1 while sysread($sock, $buf, 1 << 20, length $buf);
+    my ($head, $body) = split /\r\n\r\n/, $buf, 2;
+    my ($status) = $head =~ m{^HTTP/1\.\d (\d+)};
+    my ($cl) = $head =~ /^Content-Length: (\d+)/mi;
+    return ($status // 0, $cl // '-', $body // '');
+}
+
+# each edge size: answered whole, stored (split from 16 KiB on), replayed
+# with its Content-Length, byte for byte
+sub check_edges {
+    for my $f (sort keys %Edge) {
+        my $want = substr($Body x 2, 7, $Edge{$f});
+        my ($s1, $cl1, $b1) = edge($f, "edge-$f");
+        my ($rkey, $head) = $Edge{$f} >= 16384 ? split_head("edge-$f") : ();
+        select(undef, undef, undef, 0.3 * $Slow) unless $rkey;
+        my ($s2, $cl2, $b2) = edge($f, "edge-$f");
+        Test::More::ok($s1 == 200 && $cl1 eq '-' && $b1 eq $want,
+                       "$f ($Edge{$f} bytes): the first answer is whole, "
+                       . "without a Content-Length");
+        Test::More::like($head, qr/^idem1 split .*\r\n\r\n$Edge{$f}$/s,
+                         "$f: stored split, the head names its length")
+            if $rkey;
+        Test::More::ok($s2 == 200 && $cl2 eq $Edge{$f} && $b2 eq $want,
+                       "$f: the retry is the replay, byte for byte");
+    }
 }
 
 # the port of the HTTP/2 server, from the nginx.conf of this block
@@ -486,6 +542,20 @@ Content-Length: 3145729
 $::Body
 --- grep_error_log: EXEC GET /unframed/big.bin
 --- grep_error_log_out
+--- no_error_log
+[error]
+[alert]
+
+
+
+=== TEST 12: bodies of unknown length around a chunk's size (16383 B, 1 MiB, 1 MiB + 1, 2 MiB) are stored and replayed whole
+--- http_config eval: $::HttpConfig
+--- config eval: $::Config
+--- init
+main::check_edges();
+--- request
+GET /status
+--- error_code: 200
 --- no_error_log
 [error]
 [alert]
