@@ -204,6 +204,18 @@ sub upstream_once {
     waitpid($pid, 0);
 }
 
+# Redis killed (after a SAVE with $o{save}) before the one-shot upstream
+# answers, and started again 0.5 s after it did; the rest as upstream_once
+sub away_then_back {
+    my (%o) = @_;
+    upstream_once(%o,
+        before => sub { redis_cli('SAVE') if $o{save}; redis_ctl('kill') },
+        after => sub {
+            Time::HiRes::sleep(0.5 * $main::Slow);
+            redis_ctl('start');
+        });
+}
+
 # whatever happened above, later test files find Redis running, and no
 # dump.rdb of ours is loaded by a later restart
 END {
@@ -327,12 +339,7 @@ reconnecting
 --- http_config eval: $::HttpConfig
 --- config eval: $::Config
 --- init
-main::upstream_once(
-    before => sub { main::redis_cli('SAVE'); main::redis_ctl('kill') },
-    after => sub {
-        Time::HiRes::sleep(0.5 * $main::Slow);
-        main::redis_ctl('start');
-    });
+main::away_then_back(save => 1);
 --- request
 POST /t
 x
@@ -536,13 +543,7 @@ GET /
 --- http_config eval: $::HttpConfig
 --- config eval: $::Config
 --- init
-main::upstream_once(
-    before => sub { main::redis_cli('SAVE'); main::redis_ctl('kill') },
-    body => 'y' x (3 * 1024 * 1024 + 5),
-    after => sub {
-        Time::HiRes::sleep(0.5 * $main::Slow);
-        main::redis_ctl('start');
-    });
+main::away_then_back(save => 1, body => 'y' x (3 * 1024 * 1024 + 5));
 --- request
 POST /big
 x
@@ -591,13 +592,7 @@ gave up
 --- skip_eval: 3: $ENV{TEST_NGINX_USE_VALGRIND}
 --- init
 return if $ENV{TEST_NGINX_USE_VALGRIND};    # skipped: 62 MiB is slow there
-main::upstream_once(port => $main::Port,
-    before => sub { main::redis_ctl('kill') },
-    body => 'z' x (62 * 1024 * 1024),
-    after => sub {
-        Time::HiRes::sleep(0.5 * $main::Slow);
-        main::redis_ctl('start');
-    });
+main::away_then_back(port => $main::Port, body => 'z' x (62 * 1024 * 1024));
 --- request
 POST /big
 x
