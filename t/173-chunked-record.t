@@ -156,19 +156,27 @@ sub check_chunks {
                        'the chunks outlive the head');
 }
 
+# "$line HTTP/$v" with $key and a one-byte body, sent on a socket of its
+# own, which is returned (undef if nginx cannot be reached)
+sub send_one {
+    my ($line, $v, $key) = @_;
+    my $sock = IO::Socket::INET->new(
+        PeerAddr => '127.0.0.1',
+        PeerPort => $ENV{TEST_NGINX_SERVER_PORT},
+        Timeout  => 30 * $Slow,
+    ) or return;
+    print $sock "$line HTTP/$v\r\nHost: localhost\r\n"
+                . "Idempotency-Key: $key\r\nContent-Length: 1\r\n\r\nx";
+    return $sock;
+}
+
 # One request on a socket of its own: "POST /big" with $key, HTTP/$v;
 # with $leave, the client closes after the header and that many body
 # bytes.  Returns (status, Content-Length, body bytes received, their
 # sha256, whether the connection was closed by nginx).
 sub raw {
     my ($key, $v, $method, $leave) = @_;
-    my $sock = IO::Socket::INET->new(
-        PeerAddr => '127.0.0.1',
-        PeerPort => $ENV{TEST_NGINX_SERVER_PORT},
-        Timeout  => 30 * $Slow,
-    ) or return (0);
-    print $sock "$method /big HTTP/$v\r\nHost: localhost\r\n"
-                . "Idempotency-Key: $key\r\nContent-Length: 1\r\n\r\nx";
+    my $sock = send_one("$method /big", $v, $key) or return (0);
     my $buf = '';
     while ($buf !~ /\r\n\r\n/) {
         sysread($sock, $buf, 65536, length $buf) or return (0);
@@ -196,13 +204,7 @@ sub raw {
 # with the connection): (status, Content-Length or '-', body)
 sub edge {
     my ($f, $key) = @_;
-    my $sock = IO::Socket::INET->new(
-        PeerAddr => '127.0.0.1',
-        PeerPort => $ENV{TEST_NGINX_SERVER_PORT},
-        Timeout  => 30 * $Slow,
-    ) or return (0);
-    print $sock "POST /edge?f=$f HTTP/1.0\r\nHost: localhost\r\n"
-                . "Idempotency-Key: $key\r\nContent-Length: 1\r\n\r\nx";
+    my $sock = send_one("POST /edge?f=$f", '1.0', $key) or return (0);
     my $buf = '';
     1 while sysread($sock, $buf, 1 << 20, length $buf);
     my ($head, $body) = split /\r\n\r\n/, $buf, 2;
