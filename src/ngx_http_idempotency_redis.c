@@ -334,6 +334,12 @@ static void ngx_http_idempotency_redis_write_handler(ngx_event_t *wev);
 static void ngx_http_idempotency_redis_node_write_handler(ngx_event_t *wev);
 
 
+/* the bytes in block i of a body's blocks after its first chunk ("more") */
+#define NGX_HTTP_IDEMPOTENCY_REDIS_BLOCK_LEN(more_len, i)                     \
+    ngx_min((more_len) - (i) * NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK,             \
+            NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK)
+
+
 /* bytes of all parked ops of this worker, against the PARKED_MAX cap */
 static size_t  ngx_http_idempotency_redis_parked_bytes;
 
@@ -1443,9 +1449,7 @@ ngx_http_idempotency_redis_store(ngx_http_idempotency_redis_conf_t *rcf,
 
         for (i = 0; i < more->nelts; i++) {
             p = ngx_cpymem(p, block[i],
-                           ngx_min(more_len
-                                   - i * NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK,
-                                   NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK));
+                           NGX_HTTP_IDEMPOTENCY_REDIS_BLOCK_LEN(more_len, i));
         }
 
         flat[1].len = p - flat[1].data;
@@ -1621,9 +1625,7 @@ ngx_http_idempotency_redis_store_split(ngx_http_idempotency_redis_conf_t *rcf,
             }
 
             ngx_memcpy(u->blocks[i], block[i],
-                       ngx_min(more_len
-                               - i * NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK,
-                               NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK));
+                       NGX_HTTP_IDEMPOTENCY_REDIS_BLOCK_LEN(more_len, i));
         }
 
         u->nblocks++;
@@ -2890,7 +2892,9 @@ ngx_http_idempotency_redis_park(ngx_http_idempotency_redis_op_t *op,
         ngx_http_idempotency_redis_parked_bytes += u->len;
     }
 
-    if (op->info.parked++ == 0 || !op->kept) {
+    op->info.parked++;
+
+    if (!op->kept) {
         op->kept = 1;
         node->kept++;
         ngx_http_idempotency_stat_inc(NGX_HTTP_IDEMPOTENCY_STAT_REDIS_PARKED);
