@@ -172,6 +172,7 @@ struct ngx_http_idempotency_redis_op_s {
     unsigned                             eval:1;   /* resent as EVAL */
     unsigned                             retry:1;  /* may be parked */
     unsigned                             kept:1;   /* counted in node->kept */
+    unsigned                             counted:1; /* in redis.parked */
     unsigned                             timed_out:1;
     unsigned                             asking:1; /* sent after ASKING */
 };
@@ -2897,6 +2898,12 @@ ngx_http_idempotency_redis_park(ngx_http_idempotency_redis_op_t *op,
     if (!op->kept) {
         op->kept = 1;
         node->kept++;
+    }
+
+    /* once per command, also when a reshard moved it to another node */
+
+    if (!op->counted) {
+        op->counted = 1;
         ngx_http_idempotency_stat_inc(NGX_HTTP_IDEMPOTENCY_STAT_REDIS_PARKED);
     }
 

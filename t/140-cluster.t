@@ -58,6 +58,10 @@ our $Config = q{
         proxy_pass http://127.0.0.1:$TEST_NGINX_SLOW_PORT;
     }
 
+    location = /status {
+        idempotency_status;
+    }
+
     location = /backend {
         access_log logs/error.log exec;
         return 201 "created\n";
@@ -88,6 +92,17 @@ sub execs {
     my ($log, $key) = @_;
     my $n = () = $log =~ /^EXEC POST \/backend \Q$key\E$/mg;
     return $n;
+}
+
+# the status counter of commands kept for a retry (redis.parked)
+sub parked_total {
+    my $sock = IO::Socket::INET->new(PeerAddr => '127.0.0.1',
+                                     PeerPort => $ENV{TEST_NGINX_SERVER_PORT},
+                                     Timeout => 10) or return -1;
+    print $sock "GET /status HTTP/1.0\r\nHost: localhost\r\n\r\n";
+    local $/;
+    my $res = <$sock> // '';
+    return $res =~ /"redis": \{[^}]*"parked": (\d+)/ ? $1 : -1;
 }
 
 sub keyslot {
@@ -545,6 +560,11 @@ Test::More::note(sprintf "failover: replica promoted %.1f s after the kill, "
 open my $runs, '<', "$main::FoGo.runs";
 my @runs = <$runs>;
 Test::More::is(scalar @runs, 1, "the upstream ran once");
+# redis.parked counts each kept command once, wherever the slot took it
+my @kept = main::error_log() =~ /kept for a retry/g;
+Test::More::cmp_ok(scalar @kept, '>=', 1, "the STORE was kept for a retry");
+Test::More::is(main::parked_total(), scalar @kept,
+               "redis.parked counts it once");
 --- request
 POST /slow
 x
