@@ -43,6 +43,12 @@ our $EchoConfig = q{
     }
 };
 
+# the same with proxy_request_buffering off: the module reads the body in
+# full for its fingerprint before the upstream is chosen, so the upstream
+# still gets it whole, with a Content-Length, and only once
+(our $UnbufferedConfig = $EchoConfig) =~ s{(idempotency on;)}
+    {$1\n        proxy_request_buffering off;\n        proxy_http_version 1.1;};
+
 our $Binary = pack("C*", 0 .. 255) x 256;                 # 64 KiB, NULs
 our $Big = join("", map { chr(($_ * 7) % 256) } 0 .. 102399);   # 100 KiB
 our $MiB = pack("C*", reverse 0 .. 255) x 4096;           # 1 MiB
@@ -248,6 +254,64 @@ EXEC
 "POST /t?again=1\n" . $::Spooled
 --- more_headers
 Idempotency-Key: spool-1
+--- error_code: 422
+--- no_error_log
+EXEC
+
+
+
+=== TEST 12: proxy_request_buffering off: a chunked body spooled to a file reaches the upstream whole, with its length
+--- http_config eval: $::HttpConfig
+--- config eval: $::UnbufferedConfig
+--- raw_request eval
+"POST /t HTTP/1.1\r
+Host: localhost\r
+Connection: close\r
+Idempotency-Key: unbuffered-1\r
+Transfer-Encoding: chunked\r
+\r
+2710\r
+" . ("y" x 10000) . "\r
+2710\r
+" . ("y" x 10000) . "\r
+0\r
+\r
+"
+--- error_code: 201
+--- response_headers
+!Idempotent-Replayed
+--- response_body
+got 20000 bytes
+--- grep_error_log: EXEC POST /backend
+--- grep_error_log_out
+EXEC POST /backend
+
+
+
+=== TEST 13: proxy_request_buffering off: the same bytes with a length are a replay
+--- http_config eval: $::HttpConfig
+--- config eval: $::UnbufferedConfig
+--- request eval
+"POST /t\n" . ("y" x 20000)
+--- more_headers
+Idempotency-Key: unbuffered-1
+--- error_code: 201
+--- response_headers
+Idempotent-Replayed: true
+--- response_body
+got 20000 bytes
+--- no_error_log
+EXEC
+
+
+
+=== TEST 14: proxy_request_buffering off: a body that differs in its last byte is a mismatch, the upstream not called
+--- http_config eval: $::HttpConfig
+--- config eval: $::UnbufferedConfig
+--- request eval
+"POST /t\n" . ("y" x 19999) . "z"
+--- more_headers
+Idempotency-Key: unbuffered-1
 --- error_code: 422
 --- no_error_log
 EXEC
