@@ -44,6 +44,14 @@ our $Locations = q{
             proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
         }
 
+        location = /unbuffered {
+            idempotency on;
+            proxy_request_buffering off;
+            proxy_http_version 1.1;
+            add_header X-Idempotency-Status $idempotency_status always;
+            proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
+        }
+
         location = /busy {
             idempotency on;
             add_header X-Idempotency-Status $idempotency_status always;
@@ -445,3 +453,27 @@ Retry-After: 1
 --- grep_error_log: EXEC POST /slow
 --- grep_error_log_out
 EXEC POST /slow
+
+
+
+=== TEST 13: proxy_request_buffering off: an HTTP/2 body without Content-Length reaches the upstream whole, with its length, once
+--- http_config eval: $::HttpConfig
+--- config eval: $::Config
+--- init
+main::h2_is('h2 unbuffered',
+    main::h2(path => '/unbuffered', key => 'h2-unbuffered', body => $::Spooled,
+             stream => 1),
+    status => 201, body => "got 20000 bytes\n",
+    headers => { 'X-Idempotency-Status' => 'MISS' });
+--- request eval
+"POST /unbuffered\n$::Spooled"
+--- more_headers
+Idempotency-Key: h2-unbuffered
+--- error_code: 201
+--- response_headers
+Idempotent-Replayed: true
+--- response_body
+got 20000 bytes
+--- grep_error_log: EXEC POST /backend
+--- grep_error_log_out
+EXEC POST /backend
