@@ -923,6 +923,10 @@ ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx)
             args[1].len += ctx->headers_len + sizeof(CRLF) - 1
                            + ctx->body_len - ctx->more_len;
             more = ctx->more;
+
+            if (ngx_http_idempotency_trailers(r, ctx, &args[1]) != NGX_OK) {
+                goto failed;
+            }
         }
 
         args[2].data = ttl;
@@ -952,21 +956,23 @@ ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx)
         rc = op ? NGX_OK : NGX_ERROR;
     }
 
-    if (rc != NGX_OK) {
-        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                      "idempotency: cannot send or keep the %s of "
-                      "key_hash=%s (no memory, or the worker is exiting), "
-                      "the claim stays until idempotency_lock_ttl ends",
-                      script == NGX_HTTP_IDEMPOTENCY_SCRIPT_RELEASE
-                      ? "release" : "store",
-                      ngx_http_idempotency_key_hash(&ctx->rkey));
-        ngx_http_idempotency_stat_inc(ctx->release
-                                ? NGX_HTTP_IDEMPOTENCY_STAT_RELEASE_GIVEN_UP
-                                : NGX_HTTP_IDEMPOTENCY_STAT_STORE_GIVEN_UP);
-        return NGX_DECLINED;
+    if (rc == NGX_OK) {
+        return NGX_OK;
     }
 
-    return NGX_OK;
+failed:
+
+    ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                  "idempotency: cannot send or keep the %s of "
+                  "key_hash=%s (no memory, or the worker is exiting), "
+                  "the claim stays until idempotency_lock_ttl ends",
+                  script == NGX_HTTP_IDEMPOTENCY_SCRIPT_RELEASE
+                  ? "release" : "store",
+                  ngx_http_idempotency_key_hash(&ctx->rkey));
+    ngx_http_idempotency_stat_inc(ctx->release
+                            ? NGX_HTTP_IDEMPOTENCY_STAT_RELEASE_GIVEN_UP
+                            : NGX_HTTP_IDEMPOTENCY_STAT_STORE_GIVEN_UP);
+    return NGX_DECLINED;
 }
 
 

@@ -319,6 +319,106 @@ ngx_http_idempotency_stored_header(ngx_http_idempotency_ctx_t *ctx,
 }
 
 
+/*
+ * The trailers the upstream sent (gRPC's grpc-status and grpc-message, for
+ * one) are in the response's list when its last buffer comes here, before
+ * add_trailer adds its own further down the chain.  They are stored as
+ * header lines whose name starts with "@", after the header lines.  The
+ * record was laid out before they were known: with trailers, the record
+ * (its first line up to the body's first part) is copied once more, and
+ * the copy becomes ctx->record, which a large body's store may take.
+ */
+
+ngx_int_t
+ngx_http_idempotency_trailers(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_str_t *record)
+{
+    u_char           *p, *q, *end;
+    size_t            len, lines;
+    ngx_uint_t        i, pass;
+    ngx_list_part_t  *part;
+    ngx_table_elt_t  *h;
+
+    len = 0;
+    lines = 0;
+    p = NULL;
+    q = NULL;
+
+    for (pass = 0; pass < 2; pass++) {
+
+        part = &r->headers_out.trailers.part;
+        h = part->elts;
+
+        for (i = 0; /* void */ ; i++) {
+
+            if (i >= part->nelts) {
+                if (part->next == NULL) {
+                    break;
+                }
+
+                part = part->next;
+                h = part->elts;
+                i = 0;
+            }
+
+            if (!ngx_http_idempotency_stored_header(ctx, &h[i])) {
+                continue;
+            }
+
+            if (pass == 0) {
+                len += ngx_http_idempotency_record_header_size(
+                                      1 + h[i].key.len, h[i].value.len);
+                continue;
+            }
+
+            *q = NGX_HTTP_IDEMPOTENCY_RECORD_TRAILER;
+            q = ngx_http_idempotency_record_write_header(q + 1,
+                                                     h[i].key.data,
+                                                     h[i].key.len,
+                                                     h[i].value.data,
+                                                     h[i].value.len);
+        }
+
+        if (len == 0) {
+            return NGX_OK;
+        }
+
+        if (pass == 0) {
+
+            /* the empty line before the body ends the header lines */
+
+            end = ctx->record + ctx->body_off - (sizeof(CRLF) - 1);
+            lines = end - record->data;
+
+            p = ngx_pnalloc(r->pool, record->len + len);
+            if (p == NULL) {
+                return NGX_ERROR;
+            }
+
+            q = ngx_cpymem(p, record->data, lines);
+        }
+    }
+
+    q = ngx_cpymem(q, record->data + lines, record->len - lines);
+
+    ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "idempotency: %uz bytes of trailers stored", len);
+
+    if (ctx->record) {
+        ngx_pfree(r->pool, ctx->record);
+    }
+
+    ctx->record = p;
+    ctx->headers_len += len;
+    ctx->body_off = lines + len + sizeof(CRLF) - 1;
+
+    record->data = p;
+    record->len = q - p;
+
+    return NGX_OK;
+}
+
+
 static ngx_int_t
 ngx_http_idempotency_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
 {

@@ -560,7 +560,7 @@ ngx_http_idempotency_replay(ngx_http_request_t *r,
 {
     int                                    rc;
     ngx_int_t                              n;
-    ngx_uint_t                             dropped;
+    ngx_uint_t                             dropped, trailer;
     ngx_buf_t                             *b;
     ngx_chain_t                            out;
     ngx_table_elt_t                       *h;
@@ -603,12 +603,37 @@ ngx_http_idempotency_replay(ngx_http_request_t *r,
 
     while (ngx_http_idempotency_record_next_header(&p, end, &rh) == 1) {
 
+        trailer = (rh.name[0] == NGX_HTTP_IDEMPOTENCY_RECORD_TRAILER);
+
+        if (trailer) {
+            rh.name++;
+            rh.name_len--;
+        }
+
         /* whatever the record says: nginx frames the replay itself */
 
-        if (!ngx_http_idempotency_record_header_replayable(rh.name,
-                                                           rh.name_len))
+        if (rh.name_len == 0
+            || !ngx_http_idempotency_record_header_replayable(rh.name,
+                                                              rh.name_len))
         {
             dropped++;
+            continue;
+        }
+
+        if (trailer) {
+            h = ngx_list_push(&r->headers_out.trailers);
+            if (h == NULL) {
+                return NGX_HTTP_INTERNAL_SERVER_ERROR;
+            }
+
+            h->hash = 1;
+            h->key.len = rh.name_len;
+            h->key.data = (u_char *) rh.name;
+            h->value.len = rh.value_len;
+            h->value.data = (u_char *) rh.value;
+
+            /* sent after the body: chunked over HTTP/1.1, as nginx does */
+            r->expect_trailers = 1;
             continue;
         }
 

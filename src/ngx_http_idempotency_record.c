@@ -354,7 +354,16 @@ ngx_http_idempotency_record_validate(const ngx_http_idempotency_record_t *rec,
 
     while ((rc = ngx_http_idempotency_record_next_header(&p, end, &h)) == 1) {
 
-        for (i = 0; i < h.name_len; i++) {
+        /* "@name": a trailer */
+
+        i = (h.name[0] == NGX_HTTP_IDEMPOTENCY_RECORD_TRAILER);
+
+        if (i == h.name_len) {
+            *reason = "a header name is not a token";
+            return -1;
+        }
+
+        for ( /* void */ ; i < h.name_len; i++) {
             if (!ngx_http_idempotency_record_tchar(h.name[i])) {
                 *reason = "a header name is not a token";
                 return -1;

@@ -8,6 +8,8 @@
  *   idem1 <state> <fp> <owner> <created> <status>\r\n
  *   Name: value\r\n            (the stored headers, none while in flight)
  *   ...
+ *   @Name: value\r\n           (the stored trailers, after the headers)
+ *   ...
  *   \r\n
  *   <body bytes>
  *
@@ -35,6 +37,9 @@
 #define NGX_HTTP_IDEMPOTENCY_RECORD_OVERSIZE  2
 #define NGX_HTTP_IDEMPOTENCY_RECORD_UNKNOWN   3
 #define NGX_HTTP_IDEMPOTENCY_RECORD_SPLIT     4
+
+/* the first character of a trailer's name in the record (not a tchar) */
+#define NGX_HTTP_IDEMPOTENCY_RECORD_TRAILER  '@'
 
 /* fingerprint and owner token: 1 .. this many hex digits */
 #define NGX_HTTP_IDEMPOTENCY_RECORD_TOKEN_MAX  128

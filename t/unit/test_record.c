@@ -376,6 +376,8 @@ test_validate(void **state)
         "X-Tab: a\tb\r\n",
         "X-Utf8: caf\xc3\xa9\r\n",
         "!#$%&'*+-.^_`|~09azAZ: v\r\n",
+        "Content-Type: application/grpc\r\n@grpc-status: 0\r\n",
+        "@grpc-message: \r\n",
     };
     const char                     *bad[] = {
         "Bad Name: v\r\n",
@@ -385,6 +387,10 @@ test_validate(void **state)
         "X-Del: a\x7f\r\n",
         "X-Esc: \x1b[31m\r\n",
         "X-Ok: v\r\nX\x01: v\r\n",
+        "@: v\r\n",
+        "@@x: v\r\n",
+        "@Bad Name: v\r\n",
+        "x@y: v\r\n",
     };
 
     (void) state;
