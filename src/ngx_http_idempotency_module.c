@@ -326,7 +326,7 @@ ngx_http_idempotency_init(ngx_conf_t *cf)
 
     *h = ngx_http_idempotency_handler;
 
-    if (ngx_http_idempotency_stats_init(cf) != NGX_OK) {
+    if (ngx_http_idempotency_outcome_init(cf) != NGX_OK) {
         return NGX_ERROR;
     }
 

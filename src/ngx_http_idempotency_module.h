@@ -225,6 +225,8 @@ ngx_int_t ngx_http_idempotency_body_fetch(ngx_http_request_t *r,
 ngx_int_t ngx_http_idempotency_body_stream(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 ngx_int_t ngx_http_idempotency_add_variables(ngx_conf_t *cf);
+/* the stats zone, and the outcome counted in the log phase */
+ngx_int_t ngx_http_idempotency_outcome_init(ngx_conf_t *cf);
 ngx_http_idempotency_outcome_e ngx_http_idempotency_request_outcome(
     ngx_http_request_t *r);
 ngx_str_t *ngx_http_idempotency_outcome_name(

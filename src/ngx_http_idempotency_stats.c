@@ -1,9 +1,14 @@
 /*
  * Observability: counters shared by all workers in a shared memory zone,
- * counted with atomics; and the short key hash for the error log.
+ * counted with atomics; and the short key hash for the error log.  Used by
+ * every layer; uses none of them (the outcome of a request is counted by
+ * the log-phase handler of ngx_http_idempotency_var.c).
  */
 
-#include "ngx_http_idempotency_module.h"
+#include <ngx_config.h>
+#include <ngx_core.h>
+#include <ngx_http.h>
+
 #include "ngx_http_idempotency_stats.h"
 
 #include <time.h>
@@ -12,8 +17,6 @@
 
 static ngx_int_t ngx_http_idempotency_stats_init_zone(
     ngx_shm_zone_t *shm_zone, void *data);
-static ngx_int_t ngx_http_idempotency_stats_log_handler(
-    ngx_http_request_t *r);
 
 
 /*
@@ -43,42 +46,12 @@ ngx_http_idempotency_stats_zone(ngx_conf_t *cf)
 
     shm_zone = ngx_shared_memory_add(cf, &ngx_http_idempotency_stats_zone_name,
                                      8 * ngx_pagesize,
-                                     &ngx_http_idempotency_module);
+                                     &ngx_http_idempotency_stats_zone_name);
     if (shm_zone == NULL) {
         return NGX_ERROR;
     }
 
     shm_zone->init = ngx_http_idempotency_stats_init_zone;
-
-    return NGX_OK;
-}
-
-
-/* from postconfiguration, when some location has "idempotency on" */
-
-ngx_int_t
-ngx_http_idempotency_stats_init(ngx_conf_t *cf)
-{
-    ngx_http_handler_pt        *h;
-    ngx_http_core_main_conf_t  *cmcf;
-
-    if (ngx_http_idempotency_stats_zone(cf) != NGX_OK) {
-        return NGX_ERROR;
-    }
-
-    /*
-     * Outcomes are counted once per request at its end, from the same
-     * value as $idempotency_status: the counters and the access log agree.
-     */
-
-    cmcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_core_module);
-
-    h = ngx_array_push(&cmcf->phases[NGX_HTTP_LOG_PHASE].handlers);
-    if (h == NULL) {
-        return NGX_ERROR;
-    }
-
-    *h = ngx_http_idempotency_stats_log_handler;
 
     return NGX_OK;
 }
@@ -145,7 +118,7 @@ ngx_http_idempotency_stats_init_process(ngx_cycle_t *cycle)
             i = 0;
         }
 
-        if (shm_zone[i].tag == &ngx_http_idempotency_module
+        if (shm_zone[i].tag == &ngx_http_idempotency_stats_zone_name
             && shm_zone[i].shm.name.len
                == ngx_http_idempotency_stats_zone_name.len
             && ngx_strncmp(shm_zone[i].shm.name.data,
@@ -240,27 +213,6 @@ ngx_http_idempotency_stat_reply(redisReply *reply, uint64_t start)
 
     (void) ngx_atomic_fetch_add(&stats->latency[i], 1);
     (void) ngx_atomic_fetch_add(&stats->latency_sum, (ngx_atomic_int_t) us);
-}
-
-
-static ngx_int_t
-ngx_http_idempotency_stats_log_handler(ngx_http_request_t *r)
-{
-    ngx_http_idempotency_outcome_e  outcome;
-
-    if (r != r->main) {
-        return NGX_OK;
-    }
-
-    outcome = ngx_http_idempotency_request_outcome(r);
-
-    if (outcome != NGX_HTTP_IDEMPOTENCY_NONE) {
-        ngx_http_idempotency_stat_inc((ngx_http_idempotency_stat_e)
-                                (NGX_HTTP_IDEMPOTENCY_STAT_BYPASS
-                                 + outcome - NGX_HTTP_IDEMPOTENCY_BYPASS));
-    }
-
-    return NGX_OK;
 }
 
 

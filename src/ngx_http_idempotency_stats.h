@@ -83,7 +83,6 @@ typedef struct {
 
 
 ngx_int_t ngx_http_idempotency_stats_zone(ngx_conf_t *cf);
-ngx_int_t ngx_http_idempotency_stats_init(ngx_conf_t *cf);
 void ngx_http_idempotency_stats_init_process(ngx_cycle_t *cycle);
 
 /* NULL where no zone was configured */

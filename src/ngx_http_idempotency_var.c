@@ -1,14 +1,18 @@
 /*
- * $idempotency_status and $idempotency_key.
+ * $idempotency_status and $idempotency_key; each request's outcome counted
+ * in the log phase, from the same value.
  */
 
 #include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_stats.h"
 
 
 static ngx_int_t ngx_http_idempotency_status_variable(ngx_http_request_t *r,
     ngx_http_variable_value_t *v, uintptr_t data);
 static ngx_int_t ngx_http_idempotency_key_variable(ngx_http_request_t *r,
     ngx_http_variable_value_t *v, uintptr_t data);
+static ngx_int_t ngx_http_idempotency_outcome_log_handler(
+    ngx_http_request_t *r);
 
 
 static ngx_http_variable_t  ngx_http_idempotency_vars[] = {
@@ -164,6 +168,57 @@ ngx_http_idempotency_key_variable(ngx_http_request_t *r,
     v->no_cacheable = 1;
     v->not_found = 0;
     v->data = ctx->key.data;
+
+    return NGX_OK;
+}
+
+
+/* from postconfiguration, when some location has "idempotency on" */
+
+ngx_int_t
+ngx_http_idempotency_outcome_init(ngx_conf_t *cf)
+{
+    ngx_http_handler_pt        *h;
+    ngx_http_core_main_conf_t  *cmcf;
+
+    if (ngx_http_idempotency_stats_zone(cf) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    /*
+     * Outcomes are counted once per request at its end, from the same
+     * value as $idempotency_status: the counters and the access log agree.
+     */
+
+    cmcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_core_module);
+
+    h = ngx_array_push(&cmcf->phases[NGX_HTTP_LOG_PHASE].handlers);
+    if (h == NULL) {
+        return NGX_ERROR;
+    }
+
+    *h = ngx_http_idempotency_outcome_log_handler;
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_idempotency_outcome_log_handler(ngx_http_request_t *r)
+{
+    ngx_http_idempotency_outcome_e  outcome;
+
+    if (r != r->main) {
+        return NGX_OK;
+    }
+
+    outcome = ngx_http_idempotency_request_outcome(r);
+
+    if (outcome != NGX_HTTP_IDEMPOTENCY_NONE) {
+        ngx_http_idempotency_stat_inc((ngx_http_idempotency_stat_e)
+                                (NGX_HTTP_IDEMPOTENCY_STAT_BYPASS
+                                 + outcome - NGX_HTTP_IDEMPOTENCY_BYPASS));
+    }
 
     return NGX_OK;
 }
