@@ -1,6 +1,8 @@
 /*
- * Redis Cluster: per-worker slot map learnt with CLUSTER SLOTS, one
- * connection per master, MOVED and ASK redirects.
+ * The topology layer's Redis Cluster: per-worker slot map learnt with
+ * CLUSTER SLOTS, one connection per master, MOVED and ASK redirects.  Uses
+ * the connection layer (and the pure slot code); the ops layer hears of a
+ * new map through ngx_http_idempotency_redis_node_moved().
  */
 
 
@@ -8,7 +10,7 @@
 #include <ngx_core.h>
 #include <ngx_event.h>
 
-#include "ngx_http_idempotency_cluster.h"
+#include "ngx_http_idempotency_redis_topology.h"
 #include "ngx_http_idempotency_slot.h"
 
 
@@ -57,6 +59,20 @@ struct ngx_http_idempotency_cluster_s {
 };
 
 
+static ngx_int_t ngx_http_idempotency_cluster_init(ngx_cycle_t *cycle,
+    ngx_http_idempotency_redis_conf_t *rcf);
+static void ngx_http_idempotency_cluster_exit(
+    ngx_http_idempotency_redis_conf_t *rcf);
+static ngx_http_idempotency_redis_node_t *ngx_http_idempotency_cluster_node(
+    ngx_http_idempotency_redis_conf_t *rcf, ngx_str_t *key);
+static ngx_http_idempotency_redis_node_t *ngx_http_idempotency_cluster_owner(
+    ngx_http_idempotency_redis_conf_t *rcf, ngx_str_t *key);
+static ngx_http_idempotency_redis_node_t *
+    ngx_http_idempotency_cluster_redirect(
+    ngx_http_idempotency_redis_node_t *from, redisReply *reply,
+    ngx_uint_t *asking);
+static void ngx_http_idempotency_cluster_node_failed(void *data,
+    ngx_http_idempotency_redis_node_t *node);
 static ngx_http_idempotency_cluster_node_t *ngx_http_idempotency_cluster_add(
     ngx_http_idempotency_cluster_t *cl, u_char *host, size_t len,
     in_port_t port);
@@ -75,7 +91,29 @@ static ngx_http_idempotency_cluster_node_t *
     ngx_http_idempotency_redis_node_t *node);
 
 
-ngx_int_t
+const ngx_http_idempotency_redis_topology_t
+    ngx_http_idempotency_redis_cluster = {
+    ngx_http_idempotency_cluster_init,
+    ngx_http_idempotency_cluster_exit,
+    ngx_http_idempotency_cluster_node,
+    ngx_http_idempotency_cluster_owner,
+    ngx_http_idempotency_cluster_redirect,
+    NULL
+};
+
+
+/* a node's connection failed: the map may be stale */
+
+static ngx_http_idempotency_redis_place_t
+    ngx_http_idempotency_cluster_place = {
+    NULL,
+    ngx_http_idempotency_cluster_node_failed,
+    NULL,
+    0
+};
+
+
+static ngx_int_t
 ngx_http_idempotency_cluster_init(ngx_cycle_t *cycle,
     ngx_http_idempotency_redis_conf_t *rcf)
 {
@@ -136,11 +174,20 @@ ngx_http_idempotency_cluster_init(ngx_cycle_t *cycle,
 }
 
 
-void
-ngx_http_idempotency_cluster_exit(ngx_http_idempotency_cluster_t *cl)
+static void
+ngx_http_idempotency_cluster_exit(ngx_http_idempotency_redis_conf_t *rcf)
 {
     ngx_uint_t                            i;
+    ngx_http_idempotency_cluster_t       *cl;
     ngx_http_idempotency_cluster_node_t  *cn;
+
+    cl = rcf->cluster;
+
+    if (cl == NULL) {
+        return;
+    }
+
+    rcf->cluster = NULL;
 
     /* CLUSTER SLOTS callbacks run while the contexts go: they see this */
 
@@ -158,13 +205,20 @@ ngx_http_idempotency_cluster_exit(ngx_http_idempotency_cluster_t *cl)
 }
 
 
-ngx_http_idempotency_redis_node_t *
-ngx_http_idempotency_cluster_node(ngx_http_idempotency_cluster_t *cl,
+static ngx_http_idempotency_redis_node_t *
+ngx_http_idempotency_cluster_node(ngx_http_idempotency_redis_conf_t *rcf,
     ngx_str_t *key)
 {
     ngx_uint_t                            i, n, slot;
+    ngx_http_idempotency_cluster_t       *cl;
     ngx_http_idempotency_cluster_node_t  *cn;
     ngx_http_idempotency_redis_node_t    *node;
+
+    cl = rcf->cluster;
+
+    if (cl == NULL) {
+        return NULL;
+    }
 
     slot = ngx_http_idempotency_slot(key->data, key->len);
     node = cl->slots[slot];
@@ -206,22 +260,38 @@ ngx_http_idempotency_cluster_node(ngx_http_idempotency_cluster_t *cl,
 }
 
 
-ngx_http_idempotency_redis_node_t *
-ngx_http_idempotency_cluster_owner(ngx_http_idempotency_cluster_t *cl,
+static ngx_http_idempotency_redis_node_t *
+ngx_http_idempotency_cluster_owner(ngx_http_idempotency_redis_conf_t *rcf,
     ngx_str_t *key)
 {
-    return cl->slots[ngx_http_idempotency_slot(key->data, key->len)];
+    if (rcf->cluster == NULL) {
+        return NULL;
+    }
+
+    return rcf->cluster->slots[ngx_http_idempotency_slot(key->data,
+                                                         key->len)];
 }
 
 
-ngx_http_idempotency_redis_node_t *
-ngx_http_idempotency_cluster_redirect(ngx_http_idempotency_cluster_t *cl,
-    ngx_http_idempotency_redis_node_t *from, const char *str, size_t len,
-    ngx_uint_t *asking)
+static ngx_http_idempotency_redis_node_t *
+ngx_http_idempotency_cluster_redirect(ngx_http_idempotency_redis_node_t *from,
+    redisReply *reply, ngx_uint_t *asking)
 {
     int                                    kind;
+    size_t                                 len;
+    const char                            *str;
+    ngx_http_idempotency_cluster_t        *cl;
     ngx_http_idempotency_cluster_node_t   *cn, *src;
     ngx_http_idempotency_slot_redirect_t   rd;
+
+    cl = from->conf->cluster;
+
+    if (cl == NULL) {
+        return NULL;
+    }
+
+    str = reply->str;
+    len = reply->len;
 
     kind = ngx_http_idempotency_slot_redirect(str, len, &rd);
 
@@ -265,10 +335,12 @@ ngx_http_idempotency_cluster_redirect(ngx_http_idempotency_cluster_t *cl,
 }
 
 
-void
-ngx_http_idempotency_cluster_node_failed(ngx_http_idempotency_cluster_t *cl,
+static void
+ngx_http_idempotency_cluster_node_failed(void *data,
     ngx_http_idempotency_redis_node_t *node)
 {
+    ngx_http_idempotency_cluster_t *cl = data;
+
     if (cl->exiting) {
         return;
     }
@@ -347,7 +419,9 @@ ngx_http_idempotency_cluster_add(ngx_http_idempotency_cluster_t *cl,
     cn->port = port;
 
     cn->node = ngx_http_idempotency_redis_node_create(cl->conf, &cn->host,
-                                                      port, cl->pool, cl->log);
+                                        port, NULL,
+                                        &ngx_http_idempotency_cluster_place,
+                                        cl, cl->pool, cl->log);
     if (cn->node == NULL) {
         cl->nodes.nelts--;
         return NULL;
@@ -550,7 +624,7 @@ ngx_http_idempotency_cluster_slots_reply(redisAsyncContext *ac, void *r,
 
     for (i = 0; i < n; i++) {
         cn = (ngx_http_idempotency_cluster_node_t *) cl->nodes.elts + i;
-        ngx_http_idempotency_redis_node_reroute(cn->node);
+        ngx_http_idempotency_redis_node_moved(cn->node);
     }
 }
 

@@ -1,5 +1,8 @@
 /*
- * Per-worker Redis connections driven by nginx's event loop (hiredis async).
+ * The records layer: the module's commands in record terms (claim, store
+ * whole or split, release, renew, inspect, purge, fetch a split body), the
+ * Lua scripts and the chunk keys.  What the HTTP side calls; built on the
+ * ops layer (ngx_http_idempotency_redis_ops.h) and the layers below it.
  */
 
 #ifndef _NGX_HTTP_IDEMPOTENCY_REDIS_H_INCLUDED_
@@ -9,18 +12,8 @@
 #include <ngx_config.h>
 #include <ngx_core.h>
 #include <ngx_http.h>
-#include <hiredis/hiredis.h>
-#include <hiredis/async.h>
 
-
-#define NGX_HTTP_IDEMPOTENCY_REDIS_SINGLE    0
-#define NGX_HTTP_IDEMPOTENCY_REDIS_CLUSTER   1
-#define NGX_HTTP_IDEMPOTENCY_REDIS_SENTINEL  2
-
-/* outcome passed to an op's handler */
-#define NGX_HTTP_IDEMPOTENCY_REDIS_OK        0   /* reply is set */
-#define NGX_HTTP_IDEMPOTENCY_REDIS_ERROR     1   /* no connection, lost */
-#define NGX_HTTP_IDEMPOTENCY_REDIS_TIMEOUT   2   /* no reply in time */
+#include "ngx_http_idempotency_redis_ops.h"
 
 
 typedef enum {
@@ -53,84 +46,14 @@ typedef enum {
 #define NGX_HTTP_IDEMPOTENCY_REDIS_WRITE_WINDOW  2
 
 
-typedef struct ngx_http_idempotency_redis_node_s
-    ngx_http_idempotency_redis_node_t;
-typedef struct ngx_http_idempotency_redis_op_s
-    ngx_http_idempotency_redis_op_t;
-typedef struct ngx_http_idempotency_cluster_s
-    ngx_http_idempotency_cluster_t;
-
-
-/* one "idempotency_redis" directive; identical directives share one */
-typedef struct {
-    ngx_str_t                            text;     /* all arguments, for logs */
-    ngx_uint_t                           mode;
-    ngx_array_t                          addrs;    /* of ngx_addr_t */
-    ngx_str_t                            host;     /* IP literal, NUL-ended */
-    in_port_t                            port;
-    ngx_str_t                            unix_path; /* NUL-ended, or empty */
-    ngx_str_t                            sentinel_master;
-    ngx_str_t                            sentinel_user;
-    ngx_str_t                            sentinel_password;
-    ngx_int_t                            db;       /* -1: no SELECT */
-    ngx_str_t                            user;
-    ngx_str_t                            password;
-    ngx_msec_t                           connect_timeout;
-    ngx_msec_t                           timeout;
-    ngx_str_t                            prefix;
-
-    /* per-worker state, set up in init_process (memory is per process) */
-    ngx_http_idempotency_redis_node_t   *node;
-    ngx_http_idempotency_redis_node_t   *bulk;     /* large commands */
-    ngx_http_idempotency_cluster_t      *cluster;  /* "cluster" only */
-} ngx_http_idempotency_redis_conf_t;
-
-
 /*
- * What an op knows about itself.  A handler whose op was created with
- * data == NULL gets a pointer to this as its data (the key is the first
- * member, so it may be read as an ngx_str_t * as well).
+ * At worker start and exit: the connections to the Redis servers of
+ * "redis", an array of ngx_http_idempotency_redis_conf_t * (NULL: none).
  */
-typedef struct {
-    ngx_str_t                            key;      /* KEYS[1], the op's copy */
-    ngx_uint_t                           script;
-    ngx_uint_t                           attempts; /* times sent to Redis */
-    ngx_uint_t                           parked;   /* times kept for a retry */
-    const char                          *error;    /* last failure, or NULL */
-    const char                          *reason;   /* why it was given up */
-} ngx_http_idempotency_redis_info_t;
-
-
-/*
- * Counters of one Redis address in this worker, for logs and metrics.
- * "Parked" ops are retryable commands kept in the worker while Redis cannot
- * be reached, waiting to be sent again.
- */
-typedef struct {
-    ngx_uint_t                           parked;       /* now */
-    size_t                               parked_bytes; /* now */
-    ngx_uint_t                           retried;      /* resends, in total */
-    ngx_uint_t                           given_up;     /* in total */
-} ngx_http_idempotency_redis_stats_t;
-
-
-/*
- * Called exactly once per op, unless the op was cancelled before or the
- * worker exits with a plain (not retryable) op pending: with
- * rc == NGX_HTTP_IDEMPOTENCY_REDIS_OK and the reply (which hiredis frees
- * right after the call: copy what you keep, or take a string reply's str,
- * setting it to NULL, and free() it yourself: the claim does so for a HIT),
- * or with another rc and reply == NULL.  The handler may issue new
- * commands.
- */
-typedef void (*ngx_http_idempotency_redis_pt)(void *data, redisReply *reply,
-    ngx_uint_t rc);
-
-
-int ngx_http_idempotency_redis_auth_args(ngx_str_t *user,
-    ngx_str_t *password, const char **argv, size_t *argvlen);
-ngx_int_t ngx_http_idempotency_redis_init_process(ngx_cycle_t *cycle);
-void ngx_http_idempotency_redis_exit_process(ngx_cycle_t *cycle);
+ngx_int_t ngx_http_idempotency_redis_init_process(ngx_cycle_t *cycle,
+    ngx_array_t *redis);
+void ngx_http_idempotency_redis_exit_process(ngx_cycle_t *cycle,
+    ngx_array_t *redis);
 
 /*
  * Runs one of the module's commands with KEYS[1] = key and ARGV = args[0 ..
@@ -238,65 +161,6 @@ ngx_int_t ngx_http_idempotency_redis_fetch(
 ngx_int_t ngx_http_idempotency_redis_body_key(
     ngx_http_idempotency_redis_conf_t *rcf, ngx_str_t *key,
     const u_char *owner, size_t owner_len, ngx_str_t *out);
-
-/* the handler will not be called for this op; safe on any live op */
-void ngx_http_idempotency_redis_cancel(ngx_http_idempotency_redis_op_t *op);
-
-/*
- * Wraps the socket of a new hiredis context in an nginx connection and
- * hooks hiredis to its events (level-triggered); the caller sets ac->data
- * and may replace the read handler.  NULL: no free worker connection.
- */
-ngx_connection_t *ngx_http_idempotency_redis_attach(redisAsyncContext *ac,
-    ngx_log_t *log);
-
-/*
- * One Redis connection of this worker as idempotency_status shows it: the
- * first one of a Redis ("main") or the one for large commands ("bulk").
- */
-typedef struct {
-    ngx_str_t                           *name;
-    ngx_uint_t                           bulk;
-    ngx_uint_t                           ready;
-    ngx_uint_t                           in_flight;   /* hiredis holds */
-    size_t                               in_flight_bytes;
-    uint64_t                             commands;    /* handed over */
-    ngx_http_idempotency_redis_stats_t   stats;
-} ngx_http_idempotency_redis_conn_t;
-
-/*
- * This worker's connections (Redis Cluster nodes are not among them): up
- * to n into out; returns how many there are.
- */
-ngx_uint_t ngx_http_idempotency_redis_connections(
-    ngx_http_idempotency_redis_conn_t *out, ngx_uint_t n);
-
-/* this worker's counters for that Redis, or NULL without a connection */
-ngx_http_idempotency_redis_stats_t *ngx_http_idempotency_redis_stats(
-    ngx_http_idempotency_redis_conf_t *rcf);
-
-
-/*
- * Connections to one Redis node each, for ngx_http_idempotency_cluster.c:
- * a node made with the first function connects (and reconnects) by itself
- * and is closed by the last one at worker exit.  host is an IP literal,
- * NUL-ended, that must live as long as the node.
- */
-ngx_http_idempotency_redis_node_t *ngx_http_idempotency_redis_node_create(
-    ngx_http_idempotency_redis_conf_t *rcf, ngx_str_t *host, in_port_t port,
-    ngx_pool_t *pool, ngx_log_t *log);
-void ngx_http_idempotency_redis_node_connect(
-    ngx_http_idempotency_redis_node_t *node);
-/* the node's context if commands can be queued on it now, or NULL */
-redisAsyncContext *ngx_http_idempotency_redis_node_context(
-    ngx_http_idempotency_redis_node_t *node);
-ngx_str_t *ngx_http_idempotency_redis_node_name(
-    ngx_http_idempotency_redis_node_t *node);
-void ngx_http_idempotency_redis_node_exit(
-    ngx_http_idempotency_redis_node_t *node);
-/* parked ops whose key's slot is now another node's go there */
-void ngx_http_idempotency_redis_node_reroute(
-    ngx_http_idempotency_redis_node_t *node);
 
 
 #endif /* _NGX_HTTP_IDEMPOTENCY_REDIS_H_INCLUDED_ */

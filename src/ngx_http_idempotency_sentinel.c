@@ -9,7 +9,6 @@
 #include <ngx_event.h>
 #include <ngx_http.h>
 
-#include "ngx_http_idempotency_module.h"
 #include "ngx_http_idempotency_sentinel.h"
 
 

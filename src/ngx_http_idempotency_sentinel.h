@@ -11,7 +11,7 @@
 #include <ngx_core.h>
 #include <ngx_http.h>
 
-#include "ngx_http_idempotency_redis.h"
+#include "ngx_http_idempotency_redis_node.h"
 
 
 /* what the handler of a sentinel hears */

@@ -167,9 +167,11 @@ ngx_http_idempotency_status_handler(ngx_http_request_t *r)
     ngx_uint_t                          i;
     ngx_table_elt_t                    *h;
     ngx_uint_t                          nconns;
+    ngx_array_t                        *redis;
     ngx_http_idempotency_stats_t       *stats;
     ngx_http_idempotency_format_e       format;
     ngx_http_idempotency_redis_conn_t  *conns;
+    ngx_http_idempotency_main_conf_t   *imcf;
 
     if (!(r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD))) {
         h = ngx_list_push(&r->headers_out.headers);
@@ -219,7 +221,10 @@ ngx_http_idempotency_status_handler(ngx_http_request_t *r)
     /* this worker's own Redis connections */
 
     conns = NULL;
-    nconns = ngx_http_idempotency_redis_connections(NULL, 0);
+    imcf = ngx_http_cycle_get_module_main_conf(ngx_cycle,
+                                               ngx_http_idempotency_module);
+    redis = imcf ? &imcf->redis : NULL;
+    nconns = ngx_http_idempotency_redis_connections(redis, NULL, 0);
 
     if (nconns) {
         conns = ngx_palloc(r->pool,
@@ -229,7 +234,7 @@ ngx_http_idempotency_status_handler(ngx_http_request_t *r)
         }
 
         nconns = ngx_min(nconns,
-                         ngx_http_idempotency_redis_connections(conns,
+                         ngx_http_idempotency_redis_connections(redis, conns,
                                                                 nconns));
         size += 2048;
 

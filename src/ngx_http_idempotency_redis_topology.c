@@ -1,0 +1,226 @@
+/*
+ * The topology layer's single server and Sentinel (the Cluster's is in
+ * ngx_http_idempotency_cluster.c).  Uses the connection layer, and the
+ * sentinels' queries (ngx_http_idempotency_sentinel.c).
+ */
+
+
+#include <ngx_config.h>
+#include <ngx_core.h>
+#include <ngx_http.h>
+
+#include "ngx_http_idempotency_redis_topology.h"
+#include "ngx_http_idempotency_sentinel.h"
+
+
+static ngx_int_t ngx_http_idempotency_redis_single_init(ngx_cycle_t *cycle,
+    ngx_http_idempotency_redis_conf_t *rcf);
+static void ngx_http_idempotency_redis_single_exit(
+    ngx_http_idempotency_redis_conf_t *rcf);
+static ngx_http_idempotency_redis_node_t *ngx_http_idempotency_redis_first(
+    ngx_http_idempotency_redis_conf_t *rcf, ngx_str_t *key);
+
+static ngx_int_t ngx_http_idempotency_redis_sentinel_init(ngx_cycle_t *cycle,
+    ngx_http_idempotency_redis_conf_t *rcf);
+static void ngx_http_idempotency_redis_sentinel_exit(
+    ngx_http_idempotency_redis_conf_t *rcf);
+static ngx_int_t ngx_http_idempotency_redis_sentinel_address(void *data,
+    const char **host, in_port_t *port, const char **reason);
+static void ngx_http_idempotency_redis_sentinel_handler(void *data,
+    ngx_uint_t event);
+static const char *ngx_http_idempotency_redis_role_check(
+    ngx_http_idempotency_redis_node_t *node, redisReply *reply,
+    ngx_http_idempotency_redis_step_t *step);
+
+
+const ngx_http_idempotency_redis_topology_t
+    ngx_http_idempotency_redis_single = {
+    ngx_http_idempotency_redis_single_init,
+    ngx_http_idempotency_redis_single_exit,
+    ngx_http_idempotency_redis_first,
+    NULL,
+    NULL,
+    NULL
+};
+
+
+const ngx_http_idempotency_redis_topology_t
+    ngx_http_idempotency_redis_sentinel = {
+    ngx_http_idempotency_redis_sentinel_init,
+    ngx_http_idempotency_redis_sentinel_exit,
+    ngx_http_idempotency_redis_first,
+    NULL,
+    NULL,
+    ngx_http_idempotency_sentinel_demoted
+};
+
+
+/* what the sentinels named must be the master now, not a replica */
+
+static ngx_http_idempotency_redis_step_t  ngx_http_idempotency_redis_role = {
+    "handshake failed", 1, { "ROLE" }, { sizeof("ROLE") - 1 },
+    ngx_http_idempotency_redis_role_check, NULL
+};
+
+
+static ngx_http_idempotency_redis_place_t
+    ngx_http_idempotency_redis_sentinel_place = {
+    ngx_http_idempotency_redis_sentinel_address,
+    NULL,
+    &ngx_http_idempotency_redis_role,
+    1
+};
+
+
+/* one connection, and a second one for large commands when needed */
+
+static ngx_int_t
+ngx_http_idempotency_redis_single_init(ngx_cycle_t *cycle,
+    ngx_http_idempotency_redis_conf_t *rcf)
+{
+    ngx_uint_t                          i;
+    ngx_addr_t                         *addr;
+    ngx_http_idempotency_redis_node_t  *node;
+
+    addr = rcf->addrs.elts;
+
+    for (i = 0; i < 2; i++) {
+        node = ngx_http_idempotency_redis_node_create(rcf, &rcf->host,
+                                                      rcf->port,
+                                                      &addr[0].name, NULL,
+                                                      NULL, cycle->pool,
+                                                      cycle->log);
+        if (node == NULL) {
+            return NGX_ERROR;
+        }
+
+        if (i == 0) {
+            rcf->node = node;
+
+        } else {
+            node->bulk = 1;
+            rcf->bulk = node;
+        }
+    }
+
+    /* eagerly: the first requests should find the connection up */
+
+    ngx_http_idempotency_redis_node_connect(rcf->node);
+
+    return NGX_OK;
+}
+
+
+static void
+ngx_http_idempotency_redis_single_exit(ngx_http_idempotency_redis_conf_t *rcf)
+{
+    if (rcf->bulk) {
+        ngx_http_idempotency_redis_node_exit(rcf->bulk);
+        rcf->bulk = NULL;
+    }
+
+    if (rcf->node) {
+        ngx_http_idempotency_redis_node_exit(rcf->node);
+        rcf->node = NULL;
+    }
+}
+
+
+static ngx_http_idempotency_redis_node_t *
+ngx_http_idempotency_redis_first(ngx_http_idempotency_redis_conf_t *rcf,
+    ngx_str_t *key)
+{
+    return rcf->node;
+}
+
+
+/* one connection, to the master the sentinels name before each connect */
+
+static ngx_int_t
+ngx_http_idempotency_redis_sentinel_init(ngx_cycle_t *cycle,
+    ngx_http_idempotency_redis_conf_t *rcf)
+{
+    ngx_http_idempotency_redis_node_t  *node;
+
+    node = ngx_http_idempotency_redis_node_create(rcf, &rcf->host, rcf->port,
+                                  &rcf->sentinel_master,
+                                  &ngx_http_idempotency_redis_sentinel_place,
+                                  NULL, cycle->pool, cycle->log);
+    if (node == NULL) {
+        return NGX_ERROR;
+    }
+
+    node->place_data = ngx_http_idempotency_sentinel_create(cycle->pool, rcf,
+                                 node->log,
+                                 ngx_http_idempotency_redis_sentinel_handler,
+                                 node);
+    if (node->place_data == NULL) {
+        return NGX_ERROR;
+    }
+
+    rcf->node = node;
+
+    ngx_http_idempotency_redis_node_connect(node);
+
+    return NGX_OK;
+}
+
+
+static void
+ngx_http_idempotency_redis_sentinel_exit(
+    ngx_http_idempotency_redis_conf_t *rcf)
+{
+    ngx_http_idempotency_redis_node_t  *node;
+
+    node = rcf->node;
+
+    if (node == NULL) {
+        return;
+    }
+
+    ngx_http_idempotency_redis_node_exit(node);
+    ngx_http_idempotency_sentinel_close(node->place_data);
+
+    rcf->node = NULL;
+}
+
+
+/* every connect asks the sentinels first: any loss may be a move */
+
+static ngx_int_t
+ngx_http_idempotency_redis_sentinel_address(void *data, const char **host,
+    in_port_t *port, const char **reason)
+{
+    ngx_int_t  rc;
+
+    rc = ngx_http_idempotency_sentinel_master(data, host, port);
+
+    if (rc != NGX_OK && rc != NGX_AGAIN) {
+        *reason = "no master from the sentinels (none answered, "
+                  "or a failover is running)";
+        return NGX_DECLINED;
+    }
+
+    return rc;
+}
+
+
+/*
+ * The sentinels answered (the next connect takes the answer), or the
+ * master moved or is moving: a connection to the old one is closed.
+ */
+
+static void
+ngx_http_idempotency_redis_sentinel_handler(void *data, ngx_uint_t event)
+{
+    ngx_http_idempotency_redis_node_reconnect(data,
+                               event == NGX_HTTP_IDEMPOTENCY_SENTINEL_SWITCH);
+}
+
+
+static const char *
+ngx_http_idempotency_redis_role_check(ngx_http_idempotency_redis_node_t *node,
+    redisReply *reply, ngx_http_idempotency_redis_step_t *step)
+{
+    return ngx_http_idempotency_sentinel_role(reply);
+}
