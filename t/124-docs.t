@@ -1,7 +1,10 @@
 # The documentation is checked against the code and against nginx:
 # every directive of src/'s command tables has its entry in
 # docs/directives.md (Syntax / Default / Context), every error-log message
-# of src/ is in docs/troubleshooting.md, every nginx block in
+# of src/ is in docs/troubleshooting.md, every $idempotency_status value is
+# in docs/directives.md, every counter and JSON member of the status
+# location is in docs/observability.md, every log line those pages quote is
+# one that src/ writes, every nginx block in
 # README.md and docs/*.md passes `nginx -t` with the built module, every
 # relative link points at a file, no page refers to a file or text that
 # users do not have, and every diagram's SVG is what its .dot source renders
@@ -12,6 +15,7 @@ use warnings;
 
 use Test::More;
 use File::Temp qw(tempdir);
+use JSON::PP ();
 use Cwd qw(abs_path);
 
 my $nginx  = $ENV{TEST_NGINX_BINARY} || '/usr/sbin/nginx';
@@ -26,10 +30,13 @@ sub slurp {
 
 my @pages = ('README.md', sort glob('docs/*.md'));
 
+# src/*.c by name (files come and go as the code is split)
+my %src = map { $_ => slurp($_) } sort glob('src/*.c');
+
 # -- directives: the command tables of src/*.c
 my @directives;
-for my $f (sort glob('src/*.c')) {
-    my $c = slurp($f);
+for my $f (sort keys %src) {
+    my $c = $src{$f};
     while ($c =~ /ngx_command_t\s+\w+\[\]\s*=\s*\{(.*?)ngx_null_command/sg) {
         my $table = $1;
         push @directives, $table =~ /\{\s*ngx_string\("(\w+)"\)/g;
@@ -50,8 +57,8 @@ for my $d (@directives) {
 # formatted values left out)
 my $trouble = slurp('docs/troubleshooting.md') =~ s/\s+/ /gr;
 my $messages = 0;
-for my $f (sort glob('src/*.c')) {
-    my $c = slurp($f);
+for my $f (sort keys %src) {
+    my $c = $src{$f};
     while ($c =~ /ngx_log_error\(\s*NGX_LOG_\w+\s*,[^,]+,[^,]+,\s*
                   ((?:"(?:[^"\\]|\\.)*"\s*)+)/gx)
     {
@@ -67,6 +74,197 @@ for my $f (sort glob('src/*.c')) {
     }
 }
 ok($messages >= 20, "error-log messages found in src/ ($messages)");
+
+# -- $idempotency_status: every value the code has a name for is in the
+# variable's row of docs/directives.md
+my @outcomes;
+for my $c (@src{sort keys %src}) {
+    while ($c =~ /_outcome_names\[\]\s*=\s*\{(.*?)\};/sg) {
+        push @outcomes, $1 =~ /ngx_string\("(\w+)"\)/g;
+    }
+}
+ok(scalar(grep { $_ eq 'MISS' } @outcomes),
+   'found the $idempotency_status values (' . scalar(@outcomes) . ')');
+my ($varrow) = $ref =~ /^\| `\$idempotency_status` \|(.*)$/m;
+ok($varrow, 'docs/directives.md has a row for $idempotency_status');
+for my $o (@outcomes) {
+    like($varrow // '', qr/`\Q$o\E`/, "  which lists $o");
+}
+
+# -- the status location: every Prometheus family and label value it
+# writes is in docs/observability.md's table, and the JSON document there
+# has every member the code writes, and no other
+my $obs = slurp('docs/observability.md');
+my (@families, @labels, %groups, %members);
+for my $f (sort keys %src) {
+    my $c = $src{$f};
+
+    # the counters' table: family, label, JSON group and member
+    while ($c =~ /ngx_http_idempotency_metric\(\s*"(\w+)",\s*
+                  "((?:[^"\\]|\\.)*)",\s*"(\w+)",\s*"(\w+)"/gx)
+    {
+        my ($family, $label, $group, $field) = ($1, $2, $3, $4);
+        push @families, $family;
+        push @labels, [$family, $label =~ s/\\"/"/gr] if length $label;
+        $groups{$group}{$field} = 1;
+        $members{$group} = $members{$field} = 1;
+    }
+
+    # families written outside it, and the members of the JSON writers
+    push @families,
+        $c =~ /NGX_HTTP_IDEMPOTENCY_PREFIX\s*"(\w+?)(?:_bucket|_sum|_count)?[ {]/g,
+        $c =~ /"(\w+)",\s*"(?:gauge|counter)",/g;
+    while ($c =~ /^ngx_http_idempotency_status\w*_json\(.*?^\}/msg) {
+        $members{$_} = 1 for $& =~ /\\"(\w+)\\":/g;
+    }
+}
+my %family_seen;
+@families = grep { !$family_seen{$_}++ } @families;
+ok(@families >= 20, 'found the Prometheus families (' . scalar(@families) . ')');
+for my $family (@families) {
+    ok($obs =~ /`nginx_idempotency_\Q$family\E[`{ ]/,
+       "docs/observability.md names nginx_idempotency_$family");
+}
+# a label's value is in its family's row or in the rows after it that
+# shorten the name ("...{result=...}")
+for my $l (@labels) {
+    my ($family, $label) = @$l;
+    my ($value) = $label =~ /="(.*)"$/;
+    my ($rows) = $obs =~ /^(\|[ ]`nginx_idempotency_\Q$family\E[`{ ].*\n
+                            (?:\|[ ]`\.\.\.\{.*\n)*)/mx;
+    ok(defined $rows && $rows =~ /[`"]\Q$value\E[`"]/,
+       "docs/observability.md: nginx_idempotency_$family has $label");
+}
+
+my ($example) = $obs =~ /^```json\n(.*?)^```$/ms;
+my $json = eval { JSON::PP->new->decode($example // '') };
+ok($json, 'docs/observability.md has the JSON document') or diag($@);
+$json //= {};
+for my $group (sort keys %groups) {
+    is_deeply([sort keys %{ $json->{$group} // {} }],
+              [sort keys %{ $groups{$group} }],
+              "  its \"$group\" has the members the code writes");
+}
+my %in_example;
+my $walk;
+$walk = sub {
+    my ($v) = @_;
+    if (ref $v eq 'HASH') {
+        for my $k (keys %$v) {
+            # a bucket's bound is a value, not a name
+            $in_example{$k} = 1 unless $k =~ /^(?:[\d.]+|\+Inf)$/;
+            $walk->($v->{$k});
+        }
+    } elsif (ref $v eq 'ARRAY') {
+        $walk->($_) for @$v;
+    }
+};
+$walk->($json);
+ok(keys %members >= 40, 'found the JSON members (' . scalar(keys %members) . ')');
+is_deeply([sort keys %in_example], [sort keys %members],
+          '  the JSON document has every member the code writes, no other');
+
+# -- log lines quoted in docs/troubleshooting.md and docs/observability.md:
+# what is in backticks in the message column of a table of log lines (the
+# table's head starts with "level"), and any backticked text that starts
+# like the module's lines ("idempotency:", "idempotency redis:" ...).
+# Placeholders stand for what the line fills in: <...>, ... and the
+# capitals H N M E X ADDR REASON FILE NAME. Each piece between them is in
+# a string literal of src/*.c, in which a conversion (%s, %V, %uz ...)
+# stands for one word or for another literal of src/*.c (a reason, an
+# outcome's name).
+
+# the literals, comments left out; adjacent literals are one ("a" "b")
+my @literals;
+for my $c (@src{sort keys %src}) {
+    my $run;
+    while ($c =~ m{\G(?:("(?:[^"\\\n]|\\.)*")|(/\*.*?\*/|//[^\n]*|\s+)
+                       |'(?:[^'\\]|\\.)*'|[^"'/\s]+|/)}gsx)
+    {
+        if (defined $1) {
+            (my $text = substr $1, 1, -1) =~ s/\\(["\\])/$1/g;
+            $run .= $text;
+        } elsif (!defined $2 && defined $run) {
+            push @literals, $run;
+            undef $run;
+        }
+    }
+}
+
+my $placeholder = qr/<[^>]*>|\.\.\.|\b(?:H|N|M|E|X|ADDR|REASON|FILE|NAME)\b/;
+my $conversion = qr/%0?\d*(?:\.\d+)?\*?[uxX]*[a-zA-Z]/;
+my $value = do {
+    my %v = map { $_ => 1 } grep { !/%/ && /\S/ } @literals;
+    my $alt = join '|', map { quotemeta } sort { length $b <=> length $a } keys %v;
+    qr/(?:$alt|\S*)/;
+};
+
+# any suffix or prefix of a text, the empty one included
+sub suffix_re {
+    my $re = '';
+    $re = "(?:$re" . quotemeta($_) . ')?' for split //, $_[0];
+    return $re;
+}
+sub prefix_re {
+    my $re = '';
+    $re = '(?:' . quotemeta($_) . "$re)?" for reverse split //, $_[0];
+    return $re;
+}
+
+# a piece that runs from within fixed text i of a literal with conversions,
+# over the conversions, to within its fixed text j
+my @across = map {
+    my $f = [ split /$conversion/, $_, -1 ];
+    map {
+        my $i = $_;
+        map {
+            my $j = $_;
+            my $re = '^' . suffix_re($f->[$i]);
+            $re .= $value . quotemeta($f->[$_]) for $i + 1 .. $j - 1;
+            qr/$re$value@{[ prefix_re($f->[$j]) ]}$/;
+        } $i + 1 .. $#$f;
+    } 0 .. $#$f - 1;
+} grep { /$conversion/ } @literals;
+
+sub in_src {
+    my ($piece) = @_;
+    return (grep { index($_, $piece) >= 0 } @literals)
+           || (grep { $piece =~ $_ } @across);
+}
+
+my $quoted = 0;
+for my $page ('docs/troubleshooting.md', 'docs/observability.md') {
+    my $col;
+    for my $line (split /\n/, slurp($page)) {
+        my @spans;
+        if ($line =~ /^\|/) {
+            my @cells = split /(?<!\\)\|/, $line;
+            shift @cells;
+            if ($line =~ /^\|\s*level\s*\|/) {
+                ($col) = grep { $cells[$_] =~ /\b(?:message|lines)\b/ }
+                         0 .. $#cells;
+                next;
+            }
+            push @spans, $cells[$col] =~ /`([^`]+)`/g if defined $col;
+        } else {
+            undef $col;
+        }
+        push @spans, grep { /^idempotency[a-z ]*:/ } $line =~ /`([^`]+)`/g;
+
+        # one word in the column ("store", "LOADING") is not a line
+        my %span_seen;
+        for my $span (grep { /\s/ && !$span_seen{$_}++ } @spans) {
+            $quoted++;
+            my @missing = grep { !in_src($_) }
+                          grep { /[a-zA-Z]{3}/ }
+                          map { s/^\s+|\s+$//gr } split /$placeholder/, $span;
+            ok(!@missing, "$page quotes a log line of src/*.c: $span")
+                or diag(map { "not in src/*.c: \"$_\"\n" } @missing);
+        }
+    }
+}
+ok($quoted >= 100, "log lines quoted in docs/troubleshooting.md and "
+                   . "docs/observability.md ($quoted)");
 
 # -- nginx blocks
 my $tmp = tempdir(CLEANUP => 1);
