@@ -4,6 +4,7 @@
  */
 
 #include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_body.h"
 #include "ngx_http_idempotency_claim.h"
 #include "ngx_http_idempotency_key.h"
 #include "ngx_http_idempotency_record.h"

@@ -212,18 +212,6 @@ void ngx_http_idempotency_handler_exit_process(ngx_cycle_t *cycle);
 ngx_int_t ngx_http_idempotency_filter_init(ngx_conf_t *cf);
 ngx_int_t ngx_http_idempotency_trailers(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, ngx_str_t *record);
-ngx_int_t ngx_http_idempotency_body_init(ngx_conf_t *cf);
-void ngx_http_idempotency_body_exit_process(ngx_cycle_t *cycle);
-ngx_int_t ngx_http_idempotency_body_start(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx);
-ngx_int_t ngx_http_idempotency_body_fingerprint(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx);
-struct ngx_http_idempotency_record_s;
-ngx_int_t ngx_http_idempotency_body_fetch(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx,
-    struct ngx_http_idempotency_record_s *rec);
-ngx_int_t ngx_http_idempotency_body_stream(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx);
 ngx_int_t ngx_http_idempotency_add_variables(ngx_conf_t *cf);
 ngx_http_idempotency_outcome_e ngx_http_idempotency_request_outcome(
     ngx_http_request_t *r);
