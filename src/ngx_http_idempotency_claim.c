@@ -6,6 +6,7 @@
 
 #include "ngx_http_idempotency_claim.h"
 #include "ngx_http_idempotency_body.h"
+#include "ngx_http_idempotency_capture.h"
 #include "ngx_http_idempotency_record.h"
 #include "ngx_http_idempotency_scope.h"
 #include "ngx_http_idempotency_stats.h"

@@ -210,8 +210,6 @@ ngx_int_t ngx_http_idempotency_handler(ngx_http_request_t *r);
 ngx_int_t ngx_http_idempotency_handler_init_process(ngx_cycle_t *cycle);
 void ngx_http_idempotency_handler_exit_process(ngx_cycle_t *cycle);
 ngx_int_t ngx_http_idempotency_filter_init(ngx_conf_t *cf);
-ngx_int_t ngx_http_idempotency_trailers(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx, ngx_str_t *record);
 ngx_int_t ngx_http_idempotency_add_variables(ngx_conf_t *cf);
 ngx_http_idempotency_outcome_e ngx_http_idempotency_request_outcome(
     ngx_http_request_t *r);
