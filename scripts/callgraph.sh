@@ -12,9 +12,10 @@
 #
 # "calls": the file names (calls, or takes the address of) a function that
 # the other file defines without "static".  "includes": the file includes
-# the other file's own header (X.h of X.c).  Then the cycles, first over
-# calls only, then over calls and includes: for each set of files that
-# reach each other, every cycle through them, shortest first (the first 40).
+# the other file's own header (X.h of X.c), itself or through a header it
+# includes ("via" that one).  Then the cycles, first over calls only, then
+# over calls and includes: for each set of files that reach each other,
+# every cycle through them, shortest first (the first 40).
 # -x NAME leaves a file out of the cycles (e.g. -x redis -x cluster
 # -x sentinel); its edges are still listed.
 #
@@ -26,7 +27,7 @@ ignore=
 while [ $# -gt 0 ]; do
     case $1 in
         -x) ignore="$ignore ${2:?-x needs a file name}"; shift 2 ;;
-        -h|--help) sed -n '2,20s/^# \{0,1\}//p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,23s/^# \{0,1\}//p' "$0"; exit 0 ;;
         -*) echo "usage: $0 [-x NAME]... [DIR]" >&2; exit 2 ;;
         *) break ;;
     esac
@@ -51,8 +52,17 @@ sub short {
     return $s;
 }
 
-my (%code, %decl, %incs, %defs, %owner);
+my (%code, %decl, %incs, %defs, %owner, %hincs);
 my @files = sort glob("$dir/*.c");
+
+# what each header includes, for the headers a .c file gets through others
+for my $h (glob("$dir/*.h")) {
+    open my $in, "<", $h or die "$h: $!\n";
+    my $text = do { local $/; <$in> };
+    close $in;
+    (my $base = $h) =~ s{^.*/}{};
+    $hincs{$base} = [ $text =~ /^[ \t]*#[ \t]*include[ \t]*"([^"]+)"/mg ];
+}
 
 for my $f (@files) {
     my $name = short($f);
@@ -63,8 +73,9 @@ for my $f (@files) {
     $incs{$name} = [ $text =~ /^[ \t]*#[ \t]*include[ \t]*"([^"]+)"/mg ];
 
     # comments and literals out, line breaks kept
-    $text =~ s{(/\*.*?\*/)|//[^\n]*|"(?:\\.|[^"\\\n])*"|\x27(?:\\.|[^\x27\\\n])*\x27}
-              { defined $1 ? "\n" x ($1 =~ tr/\n//) : "\"\"" }gse;
+    $text =~ s{ (/\*.*?\*/) | //[^\n]*
+                | "(?:\\.|[^"\\\n])*" | \x27(?:\\.|[^\x27\\\n])*\x27 }
+              { defined $1 ? "\n" x ($1 =~ tr/\n//) : "\"\"" }gsex;
     $text =~ s{\\\n}{ }g;
 
     # uses: all but #include and conditionals; definitions: no # at all
@@ -78,7 +89,8 @@ for my $name (keys %decl) {
     for my $c (split //, $decl{$name}) {
         if ($c eq "{") {
             if ($depth++ == 0
-                && $head =~ /^(.*?)\b([A-Za-z_]\w*)\s*\(((?:[^()]|\([^()]*\))*)\)\s*$/s
+                && $head =~ /^(.*?)\b([A-Za-z_]\w*)
+                             \s*\( (?:[^()]|\([^()]*\))* \)\s*$/sx
                 && $1 !~ /=/)
             {
                 my ($type, $fn) = ($1, $2);
@@ -108,11 +120,17 @@ for my $name (sort keys %code) {
         push @{ $call{$name}{$to} }, $s;
         $edge{call}{$name}{$to} = 1;
     }
-    for my $h (@{ $incs{$name} }) {
+    # the headers included, and those they include in turn ("via")
+    my @todo = map { [ $_, "" ] } @{ $incs{$name} };
+    my %got;
+    while (my $next = shift @todo) {
+        my ($h, $via) = @$next;
+        next if $got{$h}++;
+        push @todo, map { [ $_, $via || $h ] } @{ $hincs{$h} || [] };
         (my $to = $h) =~ s{\.h$}{};
         $to = short($to);
         next if $to eq $name || !$files{$to};
-        $inc{$name}{$to} = $h;
+        $inc{$name}{$to} = $via ? "$h (via $via)" : $h;
     }
 }
 
