@@ -3,6 +3,7 @@
  */
 
 #include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_ctx.h"
 
 
 static ngx_int_t ngx_http_idempotency_status_variable(ngx_http_request_t *r,
