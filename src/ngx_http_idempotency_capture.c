@@ -5,6 +5,7 @@
 #include <ngx_http.h>
 
 #include "ngx_http_idempotency_capture.h"
+#include "ngx_http_idempotency_ctx.h"
 #include "ngx_http_idempotency_record.h"
 #include "ngx_http_idempotency_stats.h"
 

@@ -8,7 +8,7 @@
 #define _NGX_HTTP_IDEMPOTENCY_CAPTURE_H_INCLUDED_
 
 
-#include "ngx_http_idempotency_ctx.h"
+#include "ngx_http_idempotency_module.h"
 
 
 /* allocates ctx->record and writes the header lines into it */

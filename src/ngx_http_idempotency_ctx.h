@@ -24,7 +24,7 @@ typedef enum {
 } ngx_http_idempotency_state_e;
 
 
-typedef struct {
+struct ngx_http_idempotency_ctx_s {
     ngx_http_request_t                  *request;
     ngx_http_idempotency_loc_conf_t     *conf;    /* of the claiming location */
     ngx_http_idempotency_state_e         state;
@@ -116,7 +116,7 @@ typedef struct {
 
     /* what the pool cleanup calls: the claim's end (claim.c) */
     ngx_pool_cleanup_pt                  end;
-} ngx_http_idempotency_ctx_t;
+};
 
 
 /*

@@ -65,6 +65,9 @@ typedef enum {
 typedef struct ngx_http_idempotency_scope_secret_s
     ngx_http_idempotency_scope_secret_t;
 
+/* the request context, in ngx_http_idempotency_ctx.h */
+typedef struct ngx_http_idempotency_ctx_s  ngx_http_idempotency_ctx_t;
+
 
 typedef struct {
     ngx_array_t                          redis;    /* of redis_conf_t * */
