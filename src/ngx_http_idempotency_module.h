@@ -101,7 +101,6 @@ typedef struct {
 } ngx_http_idempotency_loc_conf_t;
 
 
-
 ngx_int_t ngx_http_idempotency_handler(ngx_http_request_t *r);
 ngx_int_t ngx_http_idempotency_handler_init_process(ngx_cycle_t *cycle);
 void ngx_http_idempotency_handler_exit_process(ngx_cycle_t *cycle);
@@ -127,13 +126,53 @@ ngx_int_t ngx_http_idempotency_send_body(ngx_http_request_t *r,
 char *ngx_http_idempotency_admin(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 
-ngx_uint_t ngx_http_idempotency_status_storable(
-    ngx_http_idempotency_loc_conf_t *ilcf, ngx_uint_t status);
-ngx_uint_t ngx_http_idempotency_header_stored(
-    ngx_http_idempotency_loc_conf_t *ilcf, ngx_str_t *name);
-
 
 extern ngx_module_t  ngx_http_idempotency_module;
+
+
+/*
+ * The location's store policy, asked at request time: pure reads of what
+ * the directives set, here so that the request's code does not call back
+ * into the module's glue, which calls it.
+ */
+
+/* idempotency_store_status: whether a response of this status is stored */
+
+static ngx_inline ngx_uint_t
+ngx_http_idempotency_status_storable(ngx_http_idempotency_loc_conf_t *ilcf,
+    ngx_uint_t status)
+{
+    /* a 1xx is never a final answer to replay, whatever the list says */
+
+    if (status < NGX_HTTP_OK || status >= NGX_HTTP_IDEMPOTENCY_STATUS_MAX) {
+        return 0;
+    }
+
+    return (ilcf->store_status[status / 8] >> (status % 8)) & 1;
+}
+
+
+/* idempotency_hide_header, _pass_header: whether a header line is stored */
+
+static ngx_inline ngx_uint_t
+ngx_http_idempotency_header_stored(ngx_http_idempotency_loc_conf_t *ilcf,
+    ngx_str_t *name)
+{
+    ngx_str_t   *s;
+    ngx_uint_t   i;
+
+    s = ilcf->skip_headers->elts;
+
+    for (i = 0; i < ilcf->skip_headers->nelts; i++) {
+        if (s[i].len == name->len
+            && ngx_strncasecmp(s[i].data, name->data, name->len) == 0)
+        {
+            return 0;
+        }
+    }
+
+    return 1;
+}
 
 
 #endif /* _NGX_HTTP_IDEMPOTENCY_MODULE_H_INCLUDED_ */
