@@ -1,6 +1,7 @@
 /*
  * Shared types of ngx_http_idempotency_module: configuration and outcomes
- * (the per-request context is in ngx_http_idempotency_ctx.h).
+ * (the per-request context is in ngx_http_idempotency_ctx.h), and the
+ * store policy's reads of the configuration at request time.
  */
 
 #ifndef _NGX_HTTP_IDEMPOTENCY_MODULE_H_INCLUDED_
