@@ -5,8 +5,8 @@
  * body of a split record, fetched from Redis chunk by chunk for a replay.
  */
 
-#include "ngx_http_idempotency_module.h"
-#include "ngx_http_idempotency_record.h"
+#include "ngx_http_idempotency_body.h"
+#include "ngx_http_idempotency_ctx.h"
 #include "ngx_http_idempotency_stats.h"
 
 #include <stdlib.h>

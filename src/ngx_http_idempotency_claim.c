@@ -5,6 +5,8 @@
  */
 
 #include "ngx_http_idempotency_claim.h"
+#include "ngx_http_idempotency_body.h"
+#include "ngx_http_idempotency_capture.h"
 #include "ngx_http_idempotency_record.h"
 #include "ngx_http_idempotency_scope.h"
 #include "ngx_http_idempotency_stats.h"
@@ -30,7 +32,6 @@ static ngx_int_t ngx_http_idempotency_claim_record(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, redisReply *reply);
 static void ngx_http_idempotency_free_reply(void *data);
 static void ngx_http_idempotency_resume(ngx_http_request_t *r);
-static void ngx_http_idempotency_cleanup(void *data);
 static void ngx_http_idempotency_settle_handler(void *data, redisReply *reply,
     ngx_uint_t rc);
 static void ngx_http_idempotency_renew_start(ngx_http_idempotency_ctx_t *ctx);
@@ -52,70 +53,6 @@ static void ngx_http_idempotency_settled(ngx_str_t *key);
 
 /* requests whose last buffer waits for their store or release reply */
 static ngx_queue_t  ngx_http_idempotency_waiting;
-
-
-ngx_http_idempotency_ctx_t *
-ngx_http_idempotency_ctx_create(ngx_http_request_t *r,
-    ngx_http_idempotency_loc_conf_t *ilcf)
-{
-    ngx_pool_cleanup_t          *cln;
-    ngx_http_idempotency_ctx_t  *ctx;
-
-    ctx = ngx_pcalloc(r->pool, sizeof(ngx_http_idempotency_ctx_t));
-    if (ctx == NULL) {
-        return NULL;
-    }
-
-    cln = ngx_pool_cleanup_add(r->pool, 0);
-    if (cln == NULL) {
-        return NULL;
-    }
-
-    cln->handler = ngx_http_idempotency_cleanup;
-    cln->data = ctx;
-
-    ctx->request = r;
-    ctx->conf = ilcf;
-    ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_DONE;
-
-    ngx_http_set_ctx(r, ctx, ngx_http_idempotency_module);
-
-    return ctx;
-}
-
-
-ngx_http_idempotency_ctx_t *
-ngx_http_idempotency_get_ctx(ngx_http_request_t *r)
-{
-    ngx_pool_cleanup_t          *cln;
-    ngx_http_idempotency_ctx_t  *ctx;
-
-    ctx = ngx_http_get_module_ctx(r, ngx_http_idempotency_module);
-
-    if (ctx != NULL || r->uri_changes > NGX_HTTP_MAX_URI_CHANGES) {
-        return ctx;
-    }
-
-    /*
-     * An internal redirect or a named location (error_page,
-     * X-Accel-Redirect, try_files) clears module contexts; the claim must
-     * survive it, so the context is found again through its pool cleanup.
-     * Subrequests share the pool, hence the check of the owner.
-     */
-
-    for (cln = r->pool->cleanup; cln; cln = cln->next) {
-        if (cln->handler == ngx_http_idempotency_cleanup) {
-            ctx = cln->data;
-
-            if (ctx->request == r) {
-                ngx_http_set_ctx(r, ctx, ngx_http_idempotency_module);
-                return ctx;
-            }
-        }
-    }
-
-    return NULL;
-}
 
 
 void
@@ -1182,8 +1119,8 @@ ngx_http_idempotency_settle_handler(void *data, redisReply *reply,
 }
 
 
-static void
-ngx_http_idempotency_cleanup(void *data)
+void
+ngx_http_idempotency_claim_end(void *data)
 {
     ngx_http_idempotency_ctx_t *ctx = data;
 

@@ -6,16 +6,18 @@
 #define _NGX_HTTP_IDEMPOTENCY_CLAIM_H_INCLUDED_
 
 
-#include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_ctx.h"
 
 
 /* duplicates of this worker waiting for a timer now (idempotency_wait) */
 extern ngx_uint_t  ngx_http_idempotency_waiters;
 
 
-/* a new context, found again by get_ctx() after internal redirects */
-ngx_http_idempotency_ctx_t *ngx_http_idempotency_ctx_create(
-    ngx_http_request_t *r, ngx_http_idempotency_loc_conf_t *ilcf);
+/*
+ * The request's pool goes (the context's cleanup): a pending Redis op is
+ * detached, the timers stopped, and the claim settled if it was not.
+ */
+void ngx_http_idempotency_claim_end(void *data);
 
 /*
  * Sends the claim (SET NX GET PX); the reply puts the context in

@@ -4,7 +4,9 @@
  */
 
 #include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_body.h"
 #include "ngx_http_idempotency_claim.h"
+#include "ngx_http_idempotency_ctx.h"
 #include "ngx_http_idempotency_key.h"
 #include "ngx_http_idempotency_record.h"
 #include "ngx_http_idempotency_scope.h"
@@ -139,7 +141,8 @@ ngx_http_idempotency_start(ngx_http_request_t *r,
     ngx_str_t                    value;
     ngx_http_idempotency_ctx_t  *ctx;
 
-    ctx = ngx_http_idempotency_ctx_create(r, ilcf);
+    ctx = ngx_http_idempotency_ctx_create(r, ilcf,
+                                          ngx_http_idempotency_claim_end);
     if (ctx == NULL) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }

@@ -3,6 +3,7 @@
  */
 
 #include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_body.h"
 #include "ngx_http_idempotency_stats.h"
 #include "ngx_http_idempotency_scope.h"
 
@@ -1053,27 +1054,6 @@ ngx_http_idempotency_merge_headers(ngx_conf_t *cf,
 }
 
 
-ngx_uint_t
-ngx_http_idempotency_header_stored(ngx_http_idempotency_loc_conf_t *ilcf,
-    ngx_str_t *name)
-{
-    ngx_str_t   *s;
-    ngx_uint_t   i;
-
-    s = ilcf->skip_headers->elts;
-
-    for (i = 0; i < ilcf->skip_headers->nelts; i++) {
-        if (s[i].len == name->len
-            && ngx_strncasecmp(s[i].data, name->data, name->len) == 0)
-        {
-            return 0;
-        }
-    }
-
-    return 1;
-}
-
-
 static char *
 ngx_http_idempotency_store_status(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf)
@@ -1166,18 +1146,4 @@ invalid:
                        "\"200\", \"2xx\", \"!409\" or \"!5xx\" is expected",
                        value, &cmd->name);
     return NGX_CONF_ERROR;
-}
-
-
-ngx_uint_t
-ngx_http_idempotency_status_storable(ngx_http_idempotency_loc_conf_t *ilcf,
-    ngx_uint_t status)
-{
-    /* a 1xx is never a final answer to replay, whatever the list says */
-
-    if (status < NGX_HTTP_OK || status >= NGX_HTTP_IDEMPOTENCY_STATUS_MAX) {
-        return 0;
-    }
-
-    return (ilcf->store_status[status / 8] >> (status % 8)) & 1;
 }

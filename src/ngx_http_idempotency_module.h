@@ -1,6 +1,7 @@
 /*
- * Shared types of ngx_http_idempotency_module: configuration and the
- * per-request context.
+ * Shared types of ngx_http_idempotency_module: configuration and outcomes
+ * (the per-request context is in ngx_http_idempotency_ctx.h), and the
+ * store policy's reads of the configuration at request time.
  */
 
 #ifndef _NGX_HTTP_IDEMPOTENCY_MODULE_H_INCLUDED_
@@ -62,21 +63,11 @@ typedef enum {
 } ngx_http_idempotency_outcome_e;
 
 
-/* where a request is in the claim/replay/record life cycle */
-typedef enum {
-    NGX_HTTP_IDEMPOTENCY_STATE_INIT = 0,
-    NGX_HTTP_IDEMPOTENCY_STATE_READING_BODY,
-    NGX_HTTP_IDEMPOTENCY_STATE_CLAIMING,
-    NGX_HTTP_IDEMPOTENCY_STATE_DECIDED,    /* claim reply is in */
-    NGX_HTTP_IDEMPOTENCY_STATE_WAITING,    /* duplicate waits to re-claim */
-    NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED,    /* ours: goes to the content */
-    NGX_HTTP_IDEMPOTENCY_STATE_SETTLED,    /* stored, released or replayed */
-    NGX_HTTP_IDEMPOTENCY_STATE_DONE        /* not taking part */
-} ngx_http_idempotency_state_e;
-
-
 typedef struct ngx_http_idempotency_scope_secret_s
     ngx_http_idempotency_scope_secret_t;
+
+/* the request context, in ngx_http_idempotency_ctx.h */
+typedef struct ngx_http_idempotency_ctx_s  ngx_http_idempotency_ctx_t;
 
 
 typedef struct {
@@ -111,119 +102,10 @@ typedef struct {
 } ngx_http_idempotency_loc_conf_t;
 
 
-typedef struct {
-    ngx_http_request_t                  *request;
-    ngx_http_idempotency_loc_conf_t     *conf;    /* of the claiming location */
-    ngx_http_idempotency_state_e         state;
-    ngx_http_idempotency_outcome_e       outcome;
-
-    ngx_str_t                            key;      /* as the client sent it */
-    ngx_str_t                            rkey;     /* the Redis record key */
-    u_char                               fingerprint[64];
-    u_char                               owner[NGX_HTTP_IDEMPOTENCY_OWNER_LEN];
-    time_t                               created;  /* of the last claim */
-
-    /* the record the last claim wrote: the fence of store, release, renew */
-    ngx_str_t                            inflight;
-    u_char                               inflight_buf[
-                                             NGX_HTTP_IDEMPOTENCY_INFLIGHT_MAX];
-
-    ngx_http_idempotency_redis_op_t     *op;
-    ngx_msec_t                           claimed;  /* claim sent, msec */
-    ngx_event_t                          renew_timer;
-    ngx_event_t                          wait_timer;
-    ngx_msec_t                           wait_until;
-    ngx_msec_t                           wait_step;
-
-    /* claim result */
-    ngx_uint_t                           redis_rc;
-    ngx_http_idempotency_outcome_e       reply_kind;
-    ngx_int_t                            reply_status;
-    ngx_str_t                            reply_headers;
-    ngx_str_t                            reply_body;
-
-    /* the fingerprint's digest while the body is read (body.c) */
-    void                                *body;
-
-    /*
-     * capture, straight into the record to store: room for its first line,
-     * the header lines and "\r\n" (body_off bytes), then the body
-     */
-    ngx_uint_t                           status;
-    u_char                              *record;
-    size_t                               headers_len;
-    size_t                               body_off;
-    size_t                               body_len;
-    size_t                               body_size; /* room for the body */
-
-    /*
-     * a body of unknown length past its first NGX_HTTP_IDEMPOTENCY_REDIS_
-     * CHUNK bytes (which fill the record's room): blocks of a chunk each,
-     * the last partly filled, more_len bytes in all, so that nothing is
-     * copied again as the body grows (a split record's chunks are these)
-     */
-    ngx_array_t                         *more;
-    size_t                               more_len;
-
-    unsigned                             header_seen:1;
-    unsigned                             release:1;
-    unsigned                             capture:1;
-    unsigned                             oversize:1;
-    unsigned                             complete:1;
-    unsigned                             replaying:1;
-    unsigned                             client_gone:1;
-
-    /* outcome unknown: the record says so for idempotency_ttl */
-    unsigned                             hold:1;
-    /* r->error_page was set before the claim: not ours to judge */
-    unsigned                             error_page:1;
-    /* the last buffer waits for the store's or release's reply */
-    unsigned                             waiting:1;
-
-    ngx_http_handler_pt                  content_handler;  /* wrapped */
-    ngx_chain_t                         *held;     /* the last buffer */
-    ngx_event_t                          held_timer;
-    ngx_queue_t                          queue;    /* of waiting requests */
-
-    /* the write event was posted to guard the client's read handler */
-    unsigned                             guarded:1;
-
-    /* a header-only response's header waits for Redis too */
-    unsigned                             header_held:1;
-
-    /*
-     * HTTP/1.x with a Content-Length: the body bytes passed on, and the
-     * response's last byte, kept back until the last buffer comes
-     */
-    off_t                                sent;
-    ngx_chain_t                         *tail;
-
-    /* a split record's body, streamed to the client by body.c */
-    struct ngx_http_idempotency_stream_s  *stream;
-} ngx_http_idempotency_ctx_t;
-
-
-ngx_http_idempotency_ctx_t *ngx_http_idempotency_get_ctx(
-    ngx_http_request_t *r);
-
 ngx_int_t ngx_http_idempotency_handler(ngx_http_request_t *r);
 ngx_int_t ngx_http_idempotency_handler_init_process(ngx_cycle_t *cycle);
 void ngx_http_idempotency_handler_exit_process(ngx_cycle_t *cycle);
 ngx_int_t ngx_http_idempotency_filter_init(ngx_conf_t *cf);
-ngx_int_t ngx_http_idempotency_trailers(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx, ngx_str_t *record);
-ngx_int_t ngx_http_idempotency_body_init(ngx_conf_t *cf);
-void ngx_http_idempotency_body_exit_process(ngx_cycle_t *cycle);
-ngx_int_t ngx_http_idempotency_body_start(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx);
-ngx_int_t ngx_http_idempotency_body_fingerprint(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx);
-struct ngx_http_idempotency_record_s;
-ngx_int_t ngx_http_idempotency_body_fetch(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx,
-    struct ngx_http_idempotency_record_s *rec);
-ngx_int_t ngx_http_idempotency_body_stream(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx);
 ngx_int_t ngx_http_idempotency_add_variables(ngx_conf_t *cf);
 /* the stats zone, and the outcome counted in the log phase */
 ngx_int_t ngx_http_idempotency_outcome_init(ngx_conf_t *cf);
@@ -247,13 +129,53 @@ ngx_int_t ngx_http_idempotency_send_body(ngx_http_request_t *r,
 char *ngx_http_idempotency_admin(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 
-ngx_uint_t ngx_http_idempotency_status_storable(
-    ngx_http_idempotency_loc_conf_t *ilcf, ngx_uint_t status);
-ngx_uint_t ngx_http_idempotency_header_stored(
-    ngx_http_idempotency_loc_conf_t *ilcf, ngx_str_t *name);
-
 
 extern ngx_module_t  ngx_http_idempotency_module;
+
+
+/*
+ * The location's store policy, asked at request time: pure reads of what
+ * the directives set, here so that the request's code does not call back
+ * into the module's glue, which calls it.
+ */
+
+/* idempotency_store_status: whether a response of this status is stored */
+
+static ngx_inline ngx_uint_t
+ngx_http_idempotency_status_storable(ngx_http_idempotency_loc_conf_t *ilcf,
+    ngx_uint_t status)
+{
+    /* a 1xx is never a final answer to replay, whatever the list says */
+
+    if (status < NGX_HTTP_OK || status >= NGX_HTTP_IDEMPOTENCY_STATUS_MAX) {
+        return 0;
+    }
+
+    return (ilcf->store_status[status / 8] >> (status % 8)) & 1;
+}
+
+
+/* idempotency_hide_header, _pass_header: whether a header line is stored */
+
+static ngx_inline ngx_uint_t
+ngx_http_idempotency_header_stored(ngx_http_idempotency_loc_conf_t *ilcf,
+    ngx_str_t *name)
+{
+    ngx_str_t   *s;
+    ngx_uint_t   i;
+
+    s = ilcf->skip_headers->elts;
+
+    for (i = 0; i < ilcf->skip_headers->nelts; i++) {
+        if (s[i].len == name->len
+            && ngx_strncasecmp(s[i].data, name->data, name->len) == 0)
+        {
+            return 0;
+        }
+    }
+
+    return 1;
+}
 
 
 #endif /* _NGX_HTTP_IDEMPOTENCY_MODULE_H_INCLUDED_ */

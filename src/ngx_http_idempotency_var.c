@@ -4,6 +4,7 @@
  */
 
 #include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_ctx.h"
 #include "ngx_http_idempotency_stats.h"
 
 
