@@ -3,6 +3,7 @@
  */
 
 #include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_redis_directive.h"
 #include "ngx_http_idempotency_body.h"
 #include "ngx_http_idempotency_stats.h"
 #include "ngx_http_idempotency_scope.h"

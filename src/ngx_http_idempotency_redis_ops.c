@@ -13,7 +13,7 @@
 
 #include <sys/ioctl.h>
 
-#include "ngx_http_idempotency_redis_park.h"
+#include "ngx_http_idempotency_redis_ops.h"
 #include "ngx_http_idempotency_redis_topology.h"
 #include "ngx_http_idempotency_stats.h"
 

@@ -1,7 +1,8 @@
 /*
  * The ops layer's parking: retryable ops kept in the worker while Redis
  * cannot take them, the worker's retry buffer, giving up.  Used by
- * ngx_http_idempotency_redis_ops.c only; uses nothing above it.
+ * ngx_http_idempotency_redis_ops.c (and the records' batches); uses
+ * nothing above it.
  */
 
 #ifndef _NGX_HTTP_IDEMPOTENCY_REDIS_PARK_H_INCLUDED_
@@ -11,7 +12,7 @@
 #include <ngx_config.h>
 #include <ngx_core.h>
 
-#include "ngx_http_idempotency_redis_ops.h"
+#include "ngx_http_idempotency_redis_op.h"
 
 
 /*
@@ -42,6 +43,10 @@ void ngx_http_idempotency_redis_give_up(ngx_http_idempotency_redis_op_t *op,
 
 /* the text of an error reply worth sending the command again for, or NULL */
 const char *ngx_http_idempotency_redis_transient(redisReply *reply);
+
+/* the batch waits for Redis no more: its bytes leave the retry buffer */
+void ngx_http_idempotency_redis_batch_uncharge(
+    ngx_http_idempotency_redis_batch_t *batch);
 
 /* worker exit: every op parked or doomed on the node is given up */
 void ngx_http_idempotency_redis_park_exit(

@@ -9,6 +9,7 @@
 #include <ngx_core.h>
 #include <ngx_http.h>
 
+#include "ngx_http_idempotency_redis_directive.h"
 #include "ngx_http_idempotency_redis_topology.h"
 
 
