@@ -438,6 +438,8 @@ ngx_http_idempotency_content_handler(ngx_http_request_t *r)
     read = r->read_event_handler;
     write = r->write_event_handler;
 
+    ctx->content_called = 1;
+
     rc = ctx->content_handler(r);
 
     if (ctx->state == NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED) {
@@ -777,7 +779,16 @@ ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx)
 
     if (!ctx->release && !ctx->hold && !ctx->complete) {
 
-        if (!ctx->header_seen && !ngx_http_idempotency_upstream_reached(r)) {
+        /*
+         * A content handler that set up no upstream of this request (a
+         * Lua capture, an njs subrequest, ...) may have run the operation
+         * where this request cannot see it: held, never released
+         */
+
+        if (!ctx->header_seen
+            && !(ctx->content_called && r->upstream == NULL)
+            && !ngx_http_idempotency_upstream_reached(r))
+        {
             ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
                            "idempotency: nothing ran for \"%V\", released",
                            &ctx->rkey);

@@ -85,6 +85,8 @@ struct ngx_http_idempotency_ctx_s {
     unsigned                             complete:1;
     unsigned                             replaying:1;
     unsigned                             client_gone:1;
+    /* the location's content handler was called (see settle) */
+    unsigned                             content_called:1;
 
     /* outcome unknown: the record says so for idempotency_ttl */
     unsigned                             hold:1;
