@@ -2,6 +2,7 @@
  * The "idempotency_admin" location: looks at (GET) or removes (DELETE) the
  * record of one key, through the location's own Redis, prefix and scope
  * settings, so that Sentinel and Cluster route it like the module does.
+ * HTTP side; uses the records layer (inspect and purge scripts).
  */
 
 #include "ngx_http_idempotency_module.h"

@@ -2,6 +2,7 @@
  * The filters of a claimed request's response: it goes into its record
  * (ngx_http_idempotency_capture.c) as it streams to the client, and the
  * claim is settled (ngx_http_idempotency_claim.c) when the response ends.
+ * HTTP side; uses no Redis layer itself.
  */
 
 #include "ngx_http_idempotency_claim.h"

@@ -1,6 +1,8 @@
 /*
  * The pre-content state machine: key, fingerprint, claim, then go on to the
- * content handler (MISS), replay (HIT) or answer with a problem.
+ * content handler (MISS), replay (HIT) or answer with a problem.  HTTP
+ * side; uses the claim (claim.c), the bodies (body.c) and, through them,
+ * the records layer.
  */
 
 #include "ngx_http_idempotency_module.h"

@@ -1,6 +1,7 @@
 /*
  * Idempotency-Key header syntax (IETF httpapi draft: an sf-string; the bare
- * form is what most clients send in practice).
+ * form is what most clients send in practice).  Pure C (unit-tested in
+ * t/unit).
  */
 
 #include "ngx_http_idempotency_key.h"

@@ -1,5 +1,7 @@
 /*
  * ngx_http_idempotency_module: directives, configuration and module glue.
+ * Configuration side: calls each part's entry points (init, init_process,
+ * exit_process), and the records layer's with the list of Redis confs.
  */
 
 #include "ngx_http_idempotency_module.h"

@@ -1,5 +1,6 @@
 /*
  * RFC 9457 problem responses for everything the module answers itself.
+ * HTTP side; uses no Redis layer.
  */
 
 #include "ngx_http_idempotency_module.h"

@@ -1,6 +1,7 @@
 /*
  * Stored-record encoding: the first line and the header lines, written and
- * read back without trusting what Redis returns.
+ * read back without trusting what Redis returns.  Pure C: uses nothing of
+ * nginx or of the module's layers (unit-tested in t/unit).
  */
 
 #include "ngx_http_idempotency_record.h"

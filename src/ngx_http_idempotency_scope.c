@@ -1,7 +1,8 @@
 /*
  * Scopes: the keyed or plain hash of idempotency_scope that names a
  * principal's namespace in Redis, the secret file that keys it, and the
- * per-scope share of a worker's waiting duplicates.
+ * per-scope share of a worker's waiting duplicates.  HTTP side; uses no
+ * Redis layer.
  */
 
 #include "ngx_http_idempotency_scope.h"

@@ -1,6 +1,8 @@
 /*
  * Redis Sentinel: asks the sentinels where the master is and listens for
- * their +switch-master event, on nginx events (hiredis async).
+ * their +switch-master event, on nginx events (hiredis async).  Part of the
+ * topology layer (ngx_http_idempotency_redis_topology.c gives its answer
+ * to the node); uses the connection layer's event adapter.
  */
 
 

@@ -1,5 +1,6 @@
 /*
  * Redis Cluster key slots (CRC16 and hash tags) and MOVED/ASK replies.
+ * Pure C, used by the topology layer (unit-tested in t/unit).
  */
 
 #include "ngx_http_idempotency_slot.h"

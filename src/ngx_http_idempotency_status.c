@@ -1,6 +1,7 @@
 /*
  * The "idempotency_status" location: the shared counters as JSON or in the
- * Prometheus text exposition format 0.0.4.
+ * Prometheus text exposition format 0.0.4.  HTTP side; uses the ops
+ * layer's view of this worker's connections.
  */
 
 #include "ngx_http_idempotency_module.h"

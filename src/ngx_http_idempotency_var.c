@@ -1,6 +1,6 @@
 /*
  * $idempotency_status and $idempotency_key; each request's outcome counted
- * in the log phase, from the same value.
+ * in the log phase, from the same value.  HTTP side; uses no Redis layer.
  */
 
 #include "ngx_http_idempotency_module.h"
