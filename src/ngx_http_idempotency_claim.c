@@ -48,7 +48,8 @@ static ngx_uint_t ngx_http_idempotency_upstream_failed(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 static void ngx_http_idempotency_wake(ngx_http_idempotency_ctx_t *ctx);
 static void ngx_http_idempotency_held_handler(ngx_event_t *ev);
-static void ngx_http_idempotency_settled(ngx_str_t *key);
+static void ngx_http_idempotency_settled(
+    ngx_http_idempotency_redis_info_t *info);
 
 
 /* requests whose last buffer waits for their store or release reply */
@@ -1002,10 +1003,18 @@ ngx_http_idempotency_wake(ngx_http_idempotency_ctx_t *ctx)
 }
 
 
-/* the first request of this worker waiting for a settle reply on key */
+/*
+ * The request of this worker whose settle step this is, if it waits: the
+ * op's key and fence (the in-flight record its claim wrote, with its owner
+ * token) are its own.  Not any request waiting on the key: the release of
+ * a duplicate whose claim went unanswered, or the store of a claim that
+ * expired and was taken again, must not let another request's last buffer
+ * go before its own store is acknowledged.  A split store given up before
+ * its head was sent tells no fence: its request goes on at its timer.
+ */
 
 static void
-ngx_http_idempotency_settled(ngx_str_t *key)
+ngx_http_idempotency_settled(ngx_http_idempotency_redis_info_t *info)
 {
     ngx_queue_t                 *q;
     ngx_http_idempotency_ctx_t  *ctx;
@@ -1020,8 +1029,11 @@ ngx_http_idempotency_settled(ngx_str_t *key)
     {
         ctx = ngx_queue_data(q, ngx_http_idempotency_ctx_t, queue);
 
-        if (ctx->rkey.len == key->len
-            && ngx_memcmp(ctx->rkey.data, key->data, key->len) == 0)
+        if (ctx->inflight.len == info->arg.len
+            && ctx->rkey.len == info->key.len
+            && ngx_memcmp(ctx->inflight.data, info->arg.data, info->arg.len)
+               == 0
+            && ngx_memcmp(ctx->rkey.data, info->key.data, info->key.len) == 0)
         {
             ngx_http_idempotency_wake(ctx);
             return;
@@ -1047,7 +1059,7 @@ ngx_http_idempotency_settle_handler(void *data, redisReply *reply,
     release = (info->script == NGX_HTTP_IDEMPOTENCY_SCRIPT_RELEASE);
     what = release ? "releasing the claim on" : "storing the response for";
 
-    ngx_http_idempotency_settled(&info->key);
+    ngx_http_idempotency_settled(info);
 
     if (rc != NGX_HTTP_IDEMPOTENCY_REDIS_OK) {
 
