@@ -920,16 +920,19 @@ failed:
  * the complete response and retrying at once gets the replay (or, after a
  * release, a fresh run), never a 409.  A bit in r->buffered keeps nginx
  * from finishing the request meanwhile; the wait is bounded by the Redis
- * timeout, after which the buffer goes anyway and the store goes on as a
- * retryable op.
+ * timeout and by send_timeout, after which the buffer goes anyway and the
+ * store goes on as a retryable op.  send_timeout runs on the write event
+ * meanwhile (nginx arms it while r->buffered is set), and where it fires
+ * first the request ends one buffer short of a complete response.
  */
 
 ngx_int_t
 ngx_http_idempotency_settle_wait(ngx_http_idempotency_ctx_t *ctx,
     ngx_chain_t *in)
 {
-    ngx_msec_t           timeout;
-    ngx_http_request_t  *r;
+    ngx_msec_t                 timeout;
+    ngx_http_request_t        *r;
+    ngx_http_core_loc_conf_t  *clcf;
 
     r = ctx->request;
     ctx->held = NULL;
@@ -945,12 +948,20 @@ ngx_http_idempotency_settle_wait(ngx_http_idempotency_ctx_t *ctx,
     ngx_queue_insert_tail(&ngx_http_idempotency_waiting, &ctx->queue);
     ctx->waiting = 1;
 
-    timeout = ctx->conf->redis->timeout;
+    timeout = ctx->conf->redis->timeout ? ctx->conf->redis->timeout : 1000;
+
+    /*
+     * armed before nginx arms send_timeout for the same moment or later:
+     * this timer goes first (and wake() takes the other one off)
+     */
+
+    clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
+    timeout = ngx_min(timeout, clcf->send_timeout);
 
     ctx->held_timer.handler = ngx_http_idempotency_held_handler;
     ctx->held_timer.data = ctx;
     ctx->held_timer.log = r->connection->log;
-    ngx_add_timer(&ctx->held_timer, timeout ? timeout : 1000);
+    ngx_add_timer(&ctx->held_timer, timeout);
 
     r->buffered |= NGX_HTTP_IDEMPOTENCY_BUFFERED;
 
@@ -983,6 +994,7 @@ ngx_http_idempotency_held_handler(ngx_event_t *ev)
 static void
 ngx_http_idempotency_wake(ngx_http_idempotency_ctx_t *ctx)
 {
+    ngx_event_t         *wev;
     ngx_http_request_t  *r;
 
     if (!ctx->waiting) {
@@ -999,7 +1011,20 @@ ngx_http_idempotency_wake(ngx_http_idempotency_ctx_t *ctx)
     r = ctx->request;
     r->buffered &= ~NGX_HTTP_IDEMPOTENCY_BUFFERED;
 
-    ngx_post_event(r->connection->write, &ngx_posted_events);
+    wev = r->connection->write;
+
+    /*
+     * Its send_timeout, due with the hold's end, would expire in the same
+     * round of timers, before the posted event, and end the request: the
+     * writer arms it again if anything is left to send.  A delayed event's
+     * timer is limit_rate's, left alone.
+     */
+
+    if (wev->timer_set && !wev->delayed) {
+        ngx_del_timer(wev);
+    }
+
+    ngx_post_event(wev, &ngx_posted_events);
 }
 
 

@@ -8,6 +8,10 @@
 # Redis (CLIENT PAUSE WRITE).  The duplicate comes through a second server
 # whose Redis is behind a proxy that is muted once it is connected.
 #
+# TEST 2: with send_timeout shorter than the Redis timeout=, a store that
+# waits for Redis longer than send_timeout does not cut the client off one
+# byte short: the hold ends first.
+#
 # The upstream is this script itself (a listening socket), so that each
 # step waits for the one before it, not for a clock.  Needs make test's
 # Redis control script (CLIENT PAUSE); skipped without it.
@@ -68,6 +72,13 @@ our $Config = qq~
         location = /op {
             idempotency on;
             idempotency_scope "t";
+            proxy_pass http://127.0.0.1:$UpPort;
+        }
+
+        location = /send-timeout {
+            idempotency on;
+            idempotency_scope "t";
+            send_timeout 1s;
             proxy_pass http://127.0.0.1:$UpPort;
         }
 
@@ -218,3 +229,32 @@ close $dup;
 GET /b/ok
 --- error_code: 200
 
+
+
+=== TEST 2: a store waiting longer than send_timeout (1s) but within timeout= (30s): the client gets the whole response, not all but its last byte
+--- skip_eval: 3: !$ENV{TEST_NGINX_REDIS_CTL}
+--- http_config eval: $::HttpConfig
+--- config eval: $::Config
+--- init
+return if !$ENV{TEST_NGINX_REDIS_CTL};
+my $n = length $::Body;
+my $first = main::post($ENV{TEST_NGINX_SERVER_PORT}, '/send-timeout', 'k2');
+main::upstream(sub {
+    main::redis_cli('CLIENT', 'PAUSE', 60000 * $::Slow, 'WRITE');
+});
+my $raw = '';
+main::read_until($first, \$raw, main::has_body($n), 20 * $::Slow);
+main::redis_cli('CLIENT', 'UNPAUSE');
+Test::More::is(join(' ', main::parse($raw)), "200 $n",
+               'the whole response');
+my $end = Time::HiRes::time() + 20 * $::Slow;
+while (main::state_of('k2') ne 'done' && Time::HiRes::time() < $end) {
+    select(undef, undef, undef, 0.05);
+}
+Test::More::is(main::state_of('k2'), 'done', 'stored once Redis is back');
+close $first;
+--- request
+GET /b/ok
+--- error_code: 200
+--- no_error_log
+client timed out
