@@ -374,7 +374,16 @@ ngx_http_idempotency_body_fetch(ngx_http_request_t *r,
 
     len = ngx_atoof((u_char *) rec->body, rec->body_len);
 
-    if (len <= 0 || (size_t) len > NGX_MAX_SIZE_T_VALUE / 2) {
+    /*
+     * The module splits bodies of SPLIT_MIN bytes or more, and captures
+     * none over idempotency_max_response_size: a head announcing another
+     * length was not written by it, and its Content-Length would reach the
+     * client before the chunks (which cannot all exist) are found missing.
+     */
+
+    if (len < NGX_HTTP_IDEMPOTENCY_REDIS_SPLIT_MIN
+        || len > (off_t) ctx->conf->max_response_size)
+    {
         ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
                       "idempotency: the record key_hash=%s is corrupt "
                       "(body length), not used",

@@ -48,7 +48,8 @@ static ngx_uint_t ngx_http_idempotency_upstream_failed(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 static void ngx_http_idempotency_wake(ngx_http_idempotency_ctx_t *ctx);
 static void ngx_http_idempotency_held_handler(ngx_event_t *ev);
-static void ngx_http_idempotency_settled(ngx_str_t *key);
+static void ngx_http_idempotency_settled(
+    ngx_http_idempotency_redis_info_t *info);
 
 
 /* requests whose last buffer waits for their store or release reply */
@@ -930,16 +931,19 @@ failed:
  * the complete response and retrying at once gets the replay (or, after a
  * release, a fresh run), never a 409.  A bit in r->buffered keeps nginx
  * from finishing the request meanwhile; the wait is bounded by the Redis
- * timeout, after which the buffer goes anyway and the store goes on as a
- * retryable op.
+ * timeout and by send_timeout, after which the buffer goes anyway and the
+ * store goes on as a retryable op.  send_timeout runs on the write event
+ * meanwhile (nginx arms it while r->buffered is set), and where it fires
+ * first the request ends one buffer short of a complete response.
  */
 
 ngx_int_t
 ngx_http_idempotency_settle_wait(ngx_http_idempotency_ctx_t *ctx,
     ngx_chain_t *in)
 {
-    ngx_msec_t           timeout;
-    ngx_http_request_t  *r;
+    ngx_msec_t                 timeout;
+    ngx_http_request_t        *r;
+    ngx_http_core_loc_conf_t  *clcf;
 
     r = ctx->request;
     ctx->held = NULL;
@@ -955,12 +959,20 @@ ngx_http_idempotency_settle_wait(ngx_http_idempotency_ctx_t *ctx,
     ngx_queue_insert_tail(&ngx_http_idempotency_waiting, &ctx->queue);
     ctx->waiting = 1;
 
-    timeout = ctx->conf->redis->timeout;
+    timeout = ctx->conf->redis->timeout ? ctx->conf->redis->timeout : 1000;
+
+    /*
+     * armed before nginx arms send_timeout for the same moment or later:
+     * this timer goes first (and wake() takes the other one off)
+     */
+
+    clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
+    timeout = ngx_min(timeout, clcf->send_timeout);
 
     ctx->held_timer.handler = ngx_http_idempotency_held_handler;
     ctx->held_timer.data = ctx;
     ctx->held_timer.log = r->connection->log;
-    ngx_add_timer(&ctx->held_timer, timeout ? timeout : 1000);
+    ngx_add_timer(&ctx->held_timer, timeout);
 
     r->buffered |= NGX_HTTP_IDEMPOTENCY_BUFFERED;
 
@@ -993,6 +1005,7 @@ ngx_http_idempotency_held_handler(ngx_event_t *ev)
 static void
 ngx_http_idempotency_wake(ngx_http_idempotency_ctx_t *ctx)
 {
+    ngx_event_t         *wev;
     ngx_http_request_t  *r;
 
     if (!ctx->waiting) {
@@ -1009,14 +1022,35 @@ ngx_http_idempotency_wake(ngx_http_idempotency_ctx_t *ctx)
     r = ctx->request;
     r->buffered &= ~NGX_HTTP_IDEMPOTENCY_BUFFERED;
 
-    ngx_post_event(r->connection->write, &ngx_posted_events);
+    wev = r->connection->write;
+
+    /*
+     * Its send_timeout, due with the hold's end, would expire in the same
+     * round of timers, before the posted event, and end the request: the
+     * writer arms it again if anything is left to send.  A delayed event's
+     * timer is limit_rate's, left alone.
+     */
+
+    if (wev->timer_set && !wev->delayed) {
+        ngx_del_timer(wev);
+    }
+
+    ngx_post_event(wev, &ngx_posted_events);
 }
 
 
-/* the first request of this worker waiting for a settle reply on key */
+/*
+ * The request of this worker whose settle step this is, if it waits: the
+ * op's key and fence (the in-flight record its claim wrote, with its owner
+ * token) are its own.  Not any request waiting on the key: the release of
+ * a duplicate whose claim went unanswered, or the store of a claim that
+ * expired and was taken again, must not let another request's last buffer
+ * go before its own store is acknowledged.  A split store given up before
+ * its head was sent tells no fence: its request goes on at its timer.
+ */
 
 static void
-ngx_http_idempotency_settled(ngx_str_t *key)
+ngx_http_idempotency_settled(ngx_http_idempotency_redis_info_t *info)
 {
     ngx_queue_t                 *q;
     ngx_http_idempotency_ctx_t  *ctx;
@@ -1031,8 +1065,11 @@ ngx_http_idempotency_settled(ngx_str_t *key)
     {
         ctx = ngx_queue_data(q, ngx_http_idempotency_ctx_t, queue);
 
-        if (ctx->rkey.len == key->len
-            && ngx_memcmp(ctx->rkey.data, key->data, key->len) == 0)
+        if (ctx->inflight.len == info->arg.len
+            && ctx->rkey.len == info->key.len
+            && ngx_memcmp(ctx->inflight.data, info->arg.data, info->arg.len)
+               == 0
+            && ngx_memcmp(ctx->rkey.data, info->key.data, info->key.len) == 0)
         {
             ngx_http_idempotency_wake(ctx);
             return;
@@ -1058,7 +1095,7 @@ ngx_http_idempotency_settle_handler(void *data, redisReply *reply,
     release = (info->script == NGX_HTTP_IDEMPOTENCY_SCRIPT_RELEASE);
     what = release ? "releasing the claim on" : "storing the response for";
 
-    ngx_http_idempotency_settled(&info->key);
+    ngx_http_idempotency_settled(info);
 
     if (rc != NGX_HTTP_IDEMPOTENCY_REDIS_OK) {
 

@@ -39,10 +39,14 @@ typedef struct {
 /*
  * What an op knows about itself.  A handler whose op was created with
  * data == NULL gets a pointer to this as its data (the key is the first
- * member, so it may be read as an ngx_str_t * as well).
+ * member, so it may be read as an ngx_str_t * as well).  arg, the first
+ * argument (empty when none, and in a batch's info), is what tells one
+ * request's settle step from another's on the same key: its fence, the
+ * in-flight record with the owner token.
  */
 typedef struct {
     ngx_str_t                            key;      /* KEYS[1], the op's copy */
+    ngx_str_t                            arg;      /* ARGV[1], the op's copy */
     ngx_uint_t                           script;
     ngx_uint_t                           attempts; /* times sent to Redis */
     ngx_uint_t                           parked;   /* times kept for a retry */

@@ -250,6 +250,11 @@ ngx_http_idempotency_redis_op_create(ngx_http_idempotency_redis_node_t *node,
 
     for (i = 0; i < nargs; i++) {
         p = ngx_http_idempotency_redis_bulk(p, &args[i]);
+
+        if (i == 0) {
+            op->info.arg.len = args[0].len;
+            op->info.arg.data = p - (sizeof("\r\n") - 1) - args[0].len;
+        }
     }
 
     op->tail_len = p - op->tail;

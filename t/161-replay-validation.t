@@ -58,21 +58,27 @@ sub plant {
 }
 
 # The same as a split record (a body of 16 KiB or more kept in a second
-# key, in the record's hash slot): the head holds the body's length.
+# key, in the record's hash slot): the head holds the body's length, or
+# $announce.  A chunk goes in pieces of 64 KiB (one argument of a command
+# line has at most 128 KiB).
 sub plant_split {
-    my ($uri, $key, $status, $headers, $body) = @_;
+    my ($uri, $key, $status, $headers, $body, $announce) = @_;
     my $fp = Digest::SHA::sha256_hex("POST $uri\nx");
     my $owner = 'cd' x 20;
     my $rkey = $ENV{TEST_NGINX_PREFIX} . Digest::SHA::sha256_hex('test:')
                . ":$key";
     my $rec = "idem1 split $fp $owner " . time() . " $status\r\n"
               . join('', map { "$_\r\n" } @$headers) . "\r\n"
-              . length($body);
+              . ($announce // length($body));
     # the body in chunks of 1 MiB: "<body key>:0", ":1" ...
     my $i = 0;
     for (my $off = 0; $off < length $body; $off += 1 << 20) {
-        main::redis_cli('SET', "$ENV{TEST_NGINX_PREFIX}\{$rkey\}:body:$owner:"
-                        . $i++, substr($body, $off, 1 << 20), 'PX', 600000);
+        my $chunk = substr($body, $off, 1 << 20);
+        my $ckey = "$ENV{TEST_NGINX_PREFIX}\{$rkey\}:body:$owner:" . $i++;
+        main::redis_cli('SET', $ckey, substr($chunk, 0, 65536), 'PX', 600000);
+        for (my $p = 65536; $p < length $chunk; $p += 65536) {
+            main::redis_cli('APPEND', $ckey, substr($chunk, $p, 65536));
+        }
     }
     main::redis_cli('SET', $rkey, $rec, 'PX', 600000);
 }
@@ -281,5 +287,64 @@ X-Idempotency-Status: ERROR
 --- response_body_unlike: planted
 --- error_log eval
 qr/the record key_hash=${\ main::key_hash('split-2')} is corrupt: a header name is not a token/
+--- no_error_log
+EXEC POST
+
+
+
+=== TEST 9: a split head announcing 10 GB is refused as corrupt before anything is sent, although its first chunk is there
+--- skip_eval: 5: !$ENV{TEST_NGINX_REDIS_CTL}
+--- http_config eval: $::HttpConfig
+--- config eval: $::Config
+--- init
+return if !$ENV{TEST_NGINX_REDIS_CTL};
+main::plant_split('/t', 'split-3', '200', ['X-Planted: 1'],
+                  substr('planted' x 149797, 0, 1 << 20),
+                  10 * 1024 * 1024 * 1024);
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: split-3
+--- error_code: 503
+--- response_headers
+X-Idempotency-Status: ERROR
+!X-Planted
+--- response_body_unlike: planted
+--- error_log eval
+qr/the record key_hash=${\ main::key_hash('split-3')} is corrupt \(body length\), not used/
+--- no_error_log
+EXEC POST
+
+
+
+=== TEST 10: a split record whose body is over idempotency_max_response_size is refused as corrupt, all its chunks there or not
+--- skip_eval: 5: !$ENV{TEST_NGINX_REDIS_CTL}
+--- http_config eval: $::HttpConfig
+--- config eval
+$::Config . q{
+    location = /small {
+        idempotency on;
+        idempotency_max_response_size 32k;
+        add_header X-Idempotency-Status $idempotency_status always;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
+    }
+}
+--- init
+return if !$ENV{TEST_NGINX_REDIS_CTL};
+main::plant_split('/small', 'split-4', '200', ['X-Planted: 1'],
+                  'planted' x 6000);
+--- request
+POST /small
+x
+--- more_headers
+Idempotency-Key: split-4
+--- error_code: 503
+--- response_headers
+X-Idempotency-Status: ERROR
+!X-Planted
+--- response_body_unlike: planted
+--- error_log eval
+qr/the record key_hash=${\ main::key_hash('split-4')} is corrupt \(body length\), not used/
 --- no_error_log
 EXEC POST

@@ -6,7 +6,11 @@ package DelayProxy;
 #
 #   my ($pid, $port) = DelayProxy::start($target_port, $seconds);
 #   ...
+#   DelayProxy::mute($pid);     # from now on what clients send is dropped
 #   DelayProxy::stop($pid);
+#
+# Muted, it still accepts and connects: nginx's commands go unanswered, as
+# with a Redis that hangs.
 
 use strict;
 use warnings;
@@ -35,6 +39,9 @@ sub start {
 
     my $sel = IO::Select->new($l);
     my (%peer, %delayed, @queue);
+    my $mute = 0;
+
+    local $SIG{USR1} = sub { $mute = 1 };
 
     my $drop = sub {
         my ($fh) = @_;
@@ -77,6 +84,10 @@ sub start {
                 next;
             }
 
+            if ($delayed{$fh} && $mute) {
+                next;
+            }
+
             if ($delayed{$fh}) {
                 push @queue, [time + $delay, $peer{$fh}, $buf];
             } else {
@@ -100,6 +111,12 @@ sub put {
         return unless $n;
         substr($buf, 0, $n) = '';
     }
+}
+
+sub mute {
+    my ($pid) = @_;
+    # taken before the proxy reads again (safe signals: at its next op)
+    kill 'USR1', $pid;
 }
 
 sub stop {

@@ -13,7 +13,7 @@ use Exporter 'import';
 use IO::Socket::INET ();
 use POSIX ();
 
-our @EXPORT = qw($Slow first_request key_hash redis_cli redis_ctl);
+our @EXPORT = qw($Slow first_request free_port key_hash redis_cli redis_ctl);
 
 # under valgrind everything is many times slower: so is our choreography
 our $Slow = $ENV{TEST_NGINX_USE_VALGRIND} ? 6 : 1;
@@ -75,6 +75,17 @@ sub key_hash {
     my $rkey = ($ENV{TEST_NGINX_PREFIX} // 'idem:')
                . Digest::SHA::sha256_hex($scope // 'test:') . ":$key";
     return substr(Digest::SHA::sha256_hex($rkey), 0, 16);
+}
+
+# A loopback TCP port that nothing listens on now (for a server of the
+# test's own configuration).
+sub free_port {
+    my $s = IO::Socket::INET->new(Listen => 1, LocalAddr => '127.0.0.1',
+                                  LocalPort => 0, Proto => 'tcp')
+        or die "port: $!\n";
+    my $p = $s->sockport;
+    close $s;
+    return $p;
 }
 
 sub redis_ctl {
