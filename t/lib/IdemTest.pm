@@ -13,7 +13,7 @@ use Exporter 'import';
 use IO::Socket::INET ();
 use POSIX ();
 
-our @EXPORT = qw($Slow first_request key_hash redis_cli redis_ctl);
+our @EXPORT = qw($Slow first_request key_hash key_slot redis_cli redis_ctl);
 
 # under valgrind everything is many times slower: so is our choreography
 our $Slow = $ENV{TEST_NGINX_USE_VALGRIND} ? 6 : 1;
@@ -75,6 +75,19 @@ sub key_hash {
     my $rkey = ($ENV{TEST_NGINX_PREFIX} // 'idem:')
                . Digest::SHA::sha256_hex($scope // 'test:') . ":$key";
     return substr(Digest::SHA::sha256_hex($rkey), 0, 16);
+}
+
+# the Redis Cluster slot of a key (CRC16/XMODEM of its hash tag or of it)
+sub key_slot {
+    my ($key) = @_;
+    $key = $1 if $key =~ /\{([^}]+)\}/ && index($key, '{') == $-[0];
+    my $crc = 0;
+    for my $c (unpack 'C*', $key) {
+        $crc ^= $c << 8;
+        $crc = $crc & 0x8000 ? (($crc << 1) ^ 0x1021) & 0xffff
+                             : ($crc << 1) & 0xffff for 1 .. 8;
+    }
+    return $crc % 16384;
 }
 
 sub redis_ctl {
