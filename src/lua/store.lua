@@ -38,6 +38,6 @@ elseif cur then
     rc = 2
 end
 for i = 0, n - 1 do
-    redis.call('UNLINK', ARGV[4] .. ':' .. i)
+    redis.call('DEL', ARGV[4] .. ':' .. i)
 end
 return rc
