@@ -1140,9 +1140,9 @@ ngx_http_idempotency_store_refused(ngx_http_idempotency_redis_info_t *info,
                  "retry claimed the key";
 
     } else if (info->parked) {
-        reason = "the key was gone after Redis was away: it restarted "
-                 "without persistence, idempotency_lock_ttl ended, or the "
-                 "claim was removed";
+        reason = "Redis was away: it restarted without persistence, or "
+                 "idempotency_lock_ttl ended, or the claim was removed; "
+                 "the key was gone";
 
     } else {
         reason = "the key was gone: the claim was removed "
