@@ -27,14 +27,7 @@ our ($ProxyPid, $ProxyPort) =
 END { DelayProxy::stop($ProxyPid) if $ProxyPid && $$ != $ProxyPid; }
 
 # the server whose Redis is slow
-our $SlowPort = do {
-    my $s = IO::Socket::INET->new(Listen => 1, LocalAddr => '127.0.0.1',
-                                  LocalPort => 0, Proto => 'tcp')
-        or die "port: $!\n";
-    my $p = $s->sockport;
-    close $s;
-    $p;
-};
+our $SlowPort = free_tcp_port();
 
 our $Body = join '', map { sprintf "line %05d %s\n", $_, '.' x 40 } 1 .. 1500;
 

@@ -84,14 +84,7 @@ END {
     }
 }
 
-our $DelayedPort = do {
-    my $s = IO::Socket::INET->new(Listen => 1, LocalAddr => '127.0.0.1',
-                                  LocalPort => 0, Proto => 'tcp')
-        or die "port: $!\n";
-    my $p = $s->sockport;
-    close $s;
-    $p;
-};
+our $DelayedPort = free_tcp_port();
 
 our $Big = q{
         idempotency on;

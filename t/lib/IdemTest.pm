@@ -13,7 +13,8 @@ use Exporter 'import';
 use IO::Socket::INET ();
 use POSIX ();
 
-our @EXPORT = qw($Slow first_request key_hash key_slot redis_cli redis_ctl);
+our @EXPORT = qw($Slow first_request free_tcp_port key_hash key_slot redis_cli
+                 redis_ctl);
 
 # under valgrind everything is many times slower: so is our choreography
 our $Slow = $ENV{TEST_NGINX_USE_VALGRIND} ? 6 : 1;
@@ -75,6 +76,16 @@ sub key_hash {
     my $rkey = ($ENV{TEST_NGINX_PREFIX} // 'idem:')
                . Digest::SHA::sha256_hex($scope // 'test:') . ":$key";
     return substr(Digest::SHA::sha256_hex($rkey), 0, 16);
+}
+
+# a loopback TCP port free now (for a server of the test's own config)
+sub free_tcp_port {
+    my $s = IO::Socket::INET->new(Listen => 1, LocalAddr => '127.0.0.1',
+                                  LocalPort => 0, Proto => 'tcp')
+        or die "port: $!\n";
+    my $p = $s->sockport;
+    close $s;
+    return $p;
 }
 
 # the Redis Cluster slot of a key (CRC16/XMODEM of its hash tag or of it)
