@@ -417,11 +417,13 @@ ngx_http_idempotency_body_fetch(ngx_http_request_t *r,
                 / NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK;
 
     s->f.rcf = ctx->conf->redis;
+    s->f.rkey = ctx->rkey;
 
     /* room for the chunks' ":<i>" after it */
-    s->f.key.data = ngx_pnalloc(r->pool, s->f.rcf->prefix.len
-                                         + ctx->rkey.len + rec->owner_len + 8
-                                         + 1 + NGX_SIZE_T_LEN);
+    s->f.key.data = ngx_pnalloc(r->pool,
+                                NGX_HTTP_IDEMPOTENCY_REDIS_BODY_KEY_LEN(
+                                    s->f.rcf, ctx->rkey.len, rec->owner_len)
+                                + 1 + NGX_SIZE_T_LEN);
     if (s->f.key.data == NULL) {
         return NGX_ERROR;
     }

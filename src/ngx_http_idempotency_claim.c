@@ -50,6 +50,8 @@ static void ngx_http_idempotency_wake(ngx_http_idempotency_ctx_t *ctx);
 static void ngx_http_idempotency_held_handler(ngx_event_t *ev);
 static void ngx_http_idempotency_settled(
     ngx_http_idempotency_redis_info_t *info);
+static void ngx_http_idempotency_store_refused(
+    ngx_http_idempotency_redis_info_t *info, long long why);
 
 
 /* requests whose last buffer waits for their store or release reply */
@@ -1134,28 +1136,21 @@ ngx_http_idempotency_settle_handler(void *data, redisReply *reply,
                                ? NGX_HTTP_IDEMPOTENCY_STAT_RELEASE_REDIS_ERROR
                                : NGX_HTTP_IDEMPOTENCY_STAT_STORE_REDIS_ERROR);
 
-    } else if (reply->type == REDIS_REPLY_INTEGER && reply->integer == 0) {
+    } else if (release
+               && reply->type == REDIS_REPLY_INTEGER && reply->integer == 0)
+    {
+        /* e.g. a resent RELEASE whose first copy did run */
+        ngx_log_error(NGX_LOG_INFO, ngx_cycle->log, 0,
+                      "idempotency: the claim on key_hash=%s was gone "
+                      "when it was released",
+                      ngx_http_idempotency_key_hash(&info->key));
 
-        if (release) {
-            /* e.g. a resent RELEASE whose first copy did run */
-            ngx_log_error(NGX_LOG_INFO, ngx_cycle->log, 0,
-                          "idempotency: the claim on key_hash=%s was gone "
-                          "when it was released",
-                          ngx_http_idempotency_key_hash(&info->key));
-
-        } else {
-            ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0,
-                          "idempotency: the claim on key_hash=%s was lost "
-                          "(%s), the response was not stored",
-                          ngx_http_idempotency_key_hash(&info->key),
-                          info->parked
-                          ? "Redis was away: it restarted without "
-                            "persistence, or idempotency_lock_ttl ended"
-                          : "its idempotency_lock_ttl ended before the "
-                            "response");
-            ngx_http_idempotency_stat_inc(
+    } else if (!release && reply->type == REDIS_REPLY_INTEGER
+               && reply->integer != NGX_HTTP_IDEMPOTENCY_STORE_DONE)
+    {
+        ngx_http_idempotency_store_refused(info, reply->integer);
+        ngx_http_idempotency_stat_inc(
                                 NGX_HTTP_IDEMPOTENCY_STAT_STORE_CLAIM_LOST);
-        }
 
     } else if (info->parked) {
         ngx_log_error(NGX_LOG_NOTICE, ngx_cycle->log, 0,
@@ -1164,6 +1159,49 @@ ngx_http_idempotency_settle_handler(void *data, redisReply *reply,
                       ngx_http_idempotency_key_hash(&info->key),
                       info->attempts);
     }
+}
+
+
+/*
+ * The store script's fence refused the store (its chunks, for a split
+ * record, are removed): the log says why, as the script found it
+ */
+
+static void
+ngx_http_idempotency_store_refused(ngx_http_idempotency_redis_info_t *info,
+    long long why)
+{
+    const char  *reason;
+
+    if (why == NGX_HTTP_IDEMPOTENCY_STORE_NO_BODY) {
+        ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0,
+                      "idempotency: a chunk of the body of key_hash=%s was "
+                      "missing when its head was stored (expired, evicted, "
+                      "or lost in a failover), the response was not stored",
+                      ngx_http_idempotency_key_hash(&info->key));
+        return;
+    }
+
+    if (why == NGX_HTTP_IDEMPOTENCY_STORE_TAKEN) {
+        reason = "the key holds another request's claim or record: ours "
+                 "was removed or its idempotency_lock_ttl ended, and a "
+                 "retry claimed the key";
+
+    } else if (info->parked) {
+        reason = "Redis was away: it restarted without persistence, or "
+                 "idempotency_lock_ttl ended, or the claim was removed; "
+                 "the key was gone";
+
+    } else {
+        reason = "the key was gone: the claim was removed "
+                 "(idempotency_admin, by hand, evicted) or its "
+                 "idempotency_lock_ttl ended before the response";
+    }
+
+    ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0,
+                  "idempotency: the claim on key_hash=%s was lost (%s), "
+                  "the response was not stored",
+                  ngx_http_idempotency_key_hash(&info->key), reason);
 }
 
 

@@ -17,6 +17,7 @@
 #include "ngx_http_idempotency_record.h"
 #include "ngx_http_idempotency_redis_topology.h"
 #include "ngx_http_idempotency_scripts.h"
+#include "ngx_http_idempotency_slot.h"
 #include "ngx_http_idempotency_stats.h"
 
 
@@ -170,6 +171,7 @@ ngx_http_idempotency_redis_init_process(ngx_cycle_t *cycle,
     }
 
     ngx_http_idempotency_redis_ops_init();
+    ngx_http_idempotency_slot_tags_init();
     ngx_http_idempotency_redis_node_steps(ngx_http_idempotency_redis_loads, n);
 
     /*
@@ -430,7 +432,8 @@ ngx_http_idempotency_redis_store_split(ngx_http_idempotency_redis_conf_t *rcf,
            + key->len + args[0].len
            + (rec.body - args[1].data) + 1 + NGX_SIZE_T_LEN
            + args[2].len
-           + rcf->prefix.len + key->len + rec.owner_len + 8
+           + NGX_HTTP_IDEMPOTENCY_REDIS_BODY_KEY_LEN(rcf, key->len,
+                                                     rec.owner_len)
            + 1 + NGX_SIZE_T_LEN          /* ":<i>" */
            + NGX_SIZE_T_LEN + NGX_INT_T_LEN;
 
@@ -542,6 +545,8 @@ ngx_http_idempotency_redis_store_split(ngx_http_idempotency_redis_conf_t *rcf,
     u->handler = handler;
     u->data = data;
     u->batch.info.script = NGX_HTTP_IDEMPOTENCY_SCRIPT_STORE;
+    /* its request's fence, should the store be given up before the head */
+    u->batch.info.arg = u->sargs[0];
     u->batch.name = ngx_http_idempotency_redis_scripts[
                                      NGX_HTTP_IDEMPOTENCY_SCRIPT_STORE].name;
     u->batch.size = body_len;
@@ -771,6 +776,7 @@ ngx_http_idempotency_redis_body_key(ngx_http_idempotency_redis_conf_t *rcf,
     ngx_str_t *key, const u_char *owner, size_t owner_len, ngx_str_t *out)
 {
     u_char  *p, *open, *close;
+    u_char   tag[NGX_HTTP_IDEMPOTENCY_SLOT_TAG_LEN];
 
     open = ngx_strlchr(key->data, key->data + key->len, '{');
     close = open ? ngx_strlchr(open + 1, key->data + key->len, '}') : NULL;
@@ -789,7 +795,27 @@ ngx_http_idempotency_redis_body_key(ngx_http_idempotency_redis_conf_t *rcf,
         p = ngx_cpymem(p, key->data, key->len);
 
     } else {
-        return NGX_DECLINED;
+
+        /*
+         * Braces but no hash tag ("a{b", "a}b", "a{}b"): the whole key
+         * gives the slot, and no tag taken from it would; a tag of ours in
+         * that slot.  A prefix with a '{' of its own would be the tag's
+         * start: such a record stays whole.
+         */
+
+        if (ngx_strlchr(rcf->prefix.data, rcf->prefix.data + rcf->prefix.len,
+                        '{')
+            || ngx_http_idempotency_slot_tag(
+                   ngx_http_idempotency_slot(key->data, key->len), tag)
+               != 0)
+        {
+            return NGX_DECLINED;
+        }
+
+        p = ngx_cpymem(p, rcf->prefix.data, rcf->prefix.len);
+        *p++ = '{';
+        p = ngx_cpymem(p, tag, sizeof(tag));
+        *p++ = '}';
     }
 
     p = ngx_cpymem(p, ":body:", sizeof(":body:") - 1);
@@ -845,7 +871,7 @@ ngx_http_idempotency_redis_fetch_reply(void *data, redisReply *reply,
                       "idempotency redis: the body of the record "
                       "key_hash=%s is missing or short (%uz of %uz bytes "
                       "at %uz), not replayed",
-                      ngx_http_idempotency_key_hash(&f->key),
+                      ngx_http_idempotency_key_hash(&f->rkey),
                       reply->type == REDIS_REPLY_STRING
                       ? (size_t) reply->len : 0, n, f->done);
         f->handler(f, NGX_HTTP_IDEMPOTENCY_REDIS_ERROR);

@@ -42,6 +42,15 @@ typedef enum {
 #define NGX_HTTP_IDEMPOTENCY_REDIS_SPLIT_MIN  (16 * 1024)
 #define NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK      (1024 * 1024)
 
+/*
+ * The store script's replies (src/lua/store.lua): stored, or why not.  A
+ * refused split store has removed its chunks.
+ */
+#define NGX_HTTP_IDEMPOTENCY_STORE_GONE      0   /* no record at the key */
+#define NGX_HTTP_IDEMPOTENCY_STORE_DONE      1
+#define NGX_HTTP_IDEMPOTENCY_STORE_TAKEN     2   /* another request's */
+#define NGX_HTTP_IDEMPOTENCY_STORE_NO_BODY   3   /* a chunk is missing */
+
 /* chunks a store has queued in hiredis at once: the next when one is in */
 #define NGX_HTTP_IDEMPOTENCY_REDIS_WRITE_WINDOW  2
 
@@ -121,7 +130,8 @@ ngx_int_t ngx_http_idempotency_redis_store(
  * into "buf", whose first byte is byte "base" of the body, one GET per
  * chunk, one command at a time (Redis serves everyone else between two),
  * on the bulk connection when it is up.  key.data has room for
- * NGX_SIZE_T_LEN + 1 more bytes (the chunk's number).
+ * NGX_SIZE_T_LEN + 1 more bytes (the chunk's number); rkey is the record's
+ * key, which the log names (as the other lines of the same replay do).
  * *opp is always the op in progress, for ngx_http_idempotency_redis_cancel;
  * the handler is called once, unless cancelled, with
  * NGX_HTTP_IDEMPOTENCY_REDIS_OK when all of it is in buf.  NGX_ERROR: no
@@ -136,6 +146,7 @@ typedef void (*ngx_http_idempotency_redis_fetch_pt)(
 struct ngx_http_idempotency_redis_fetch_s {
     ngx_http_idempotency_redis_conf_t   *rcf;
     ngx_str_t                            key;
+    ngx_str_t                            rkey;     /* the record's, to log */
     u_char                              *buf;      /* byte "base" goes first */
     size_t                               base;     /* a multiple of CHUNK */
     size_t                               len;      /* up to this byte */
@@ -153,11 +164,16 @@ ngx_int_t ngx_http_idempotency_redis_fetch(
  * The key of a split record's body (the name its chunks start with, see
  * NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK): "<key>:body:<owner>" when the key has
  * a hash tag, "<prefix>{<key>}:body:<owner>" when it has no brace at all,
- * so that it is in the key's Redis Cluster slot either way and starts with
- * the prefix (ACL key patterns).  NGX_DECLINED for a key with braces but
- * no hash tag (its record is never split).  out->data needs prefix, key
- * and owner lengths plus 8 bytes.
+ * "<prefix>{<tag>}:body:<owner>" for any other key, <tag> a tag of ours in
+ * the key's slot (ngx_http_idempotency_slot_tag): it is in the key's Redis
+ * Cluster slot in every case and starts with the prefix (ACL key
+ * patterns).  NGX_DECLINED only for a key with braces but no hash tag
+ * under a prefix with a '{' (its record is never split).  out->data needs
+ * NGX_HTTP_IDEMPOTENCY_REDIS_BODY_KEY_LEN bytes.
  */
+#define NGX_HTTP_IDEMPOTENCY_REDIS_BODY_KEY_LEN(rcf, key_len, owner_len)     \
+    ((rcf)->prefix.len + (key_len) + (owner_len) + 12)
+
 ngx_int_t ngx_http_idempotency_redis_body_key(
     ngx_http_idempotency_redis_conf_t *rcf, ngx_str_t *key,
     const u_char *owner, size_t owner_len, ngx_str_t *out);

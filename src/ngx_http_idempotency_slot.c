@@ -8,6 +8,20 @@
 #include <string.h>
 
 
+/*
+ * The hash tag of each slot, as 16 bits: 4 bits per character, written as
+ * '@' + those bits; "tagged" marks the slots found.
+ */
+static uint16_t  ngx_http_idempotency_slot_tags[NGX_HTTP_IDEMPOTENCY_SLOTS];
+static uint8_t   ngx_http_idempotency_slot_tagged[NGX_HTTP_IDEMPOTENCY_SLOTS
+                                                  / 8];
+static int       ngx_http_idempotency_slot_tags_done;
+
+
+static void ngx_http_idempotency_slot_tag_text(unsigned int v,
+    unsigned char *tag);
+
+
 uint16_t
 ngx_http_idempotency_crc16(const unsigned char *p, size_t len)
 {
@@ -53,6 +67,66 @@ ngx_http_idempotency_slot(const unsigned char *key, size_t len)
 
     return ngx_http_idempotency_crc16(key, len)
            & (NGX_HTTP_IDEMPOTENCY_SLOTS - 1);
+}
+
+
+void
+ngx_http_idempotency_slot_tags_init(void)
+{
+    unsigned char  tag[NGX_HTTP_IDEMPOTENCY_SLOT_TAG_LEN];
+    unsigned int   v, slot, found;
+
+    if (ngx_http_idempotency_slot_tags_done) {
+        return;
+    }
+
+    found = 0;
+
+    for (v = 0; v < 0x10000 && found < NGX_HTTP_IDEMPOTENCY_SLOTS; v++) {
+        ngx_http_idempotency_slot_tag_text(v, tag);
+        slot = ngx_http_idempotency_crc16(tag, sizeof(tag))
+               & (NGX_HTTP_IDEMPOTENCY_SLOTS - 1);
+
+        if (ngx_http_idempotency_slot_tagged[slot / 8] & (1u << (slot % 8))) {
+            continue;
+        }
+
+        ngx_http_idempotency_slot_tagged[slot / 8] |= (uint8_t) (1u
+                                                             << (slot % 8));
+        ngx_http_idempotency_slot_tags[slot] = (uint16_t) v;
+        found++;
+    }
+
+    ngx_http_idempotency_slot_tags_done = 1;
+}
+
+
+int
+ngx_http_idempotency_slot_tag(unsigned int slot, unsigned char *tag)
+{
+    if (slot >= NGX_HTTP_IDEMPOTENCY_SLOTS
+        || !(ngx_http_idempotency_slot_tagged[slot / 8] & (1u << (slot % 8))))
+    {
+        return -1;
+    }
+
+    ngx_http_idempotency_slot_tag_text(ngx_http_idempotency_slot_tags[slot],
+                                       tag);
+
+    return 0;
+}
+
+
+/* printable, no brace, no ':': '@' (0x40) plus 4 bits, high bits first */
+
+static void
+ngx_http_idempotency_slot_tag_text(unsigned int v, unsigned char *tag)
+{
+    int  i;
+
+    for (i = 0; i < NGX_HTTP_IDEMPOTENCY_SLOT_TAG_LEN; i++) {
+        tag[i] = (unsigned char) ('@' | ((v >> (12 - 4 * i)) & 0xf));
+    }
 }
 
 

@@ -17,6 +17,9 @@
 #define NGX_HTTP_IDEMPOTENCY_SLOT_MOVED      1
 #define NGX_HTTP_IDEMPOTENCY_SLOT_ASK        2
 
+/* a hash tag of ours for a slot: 4 characters, '@' to 'O' */
+#define NGX_HTTP_IDEMPOTENCY_SLOT_TAG_LEN    4
+
 /* longest host part of a redirect that is kept (an IPv6 literal fits) */
 #define NGX_HTTP_IDEMPOTENCY_SLOT_HOST_LEN   64
 
@@ -38,6 +41,21 @@ uint16_t ngx_http_idempotency_crc16(const unsigned char *p, size_t len);
  * that is not empty), mod 16384.
  */
 unsigned int ngx_http_idempotency_slot(const unsigned char *key, size_t len);
+
+/*
+ * Fills the table of hash tags, one per slot (once: later calls return at
+ * once).  A bounded search: the 65536 strings of 4 characters '@' to 'O'
+ * (each carries 4 bits) cover every slot.  A few milliseconds, so that
+ * a tag is a look-up afterwards.
+ */
+void ngx_http_idempotency_slot_tags_init(void);
+
+/*
+ * Writes the hash tag of "slot" (SLOT_TAG_LEN characters, no braces) to
+ * tag: a key "...{<tag>}..." is in that slot.  Returns 0, or -1 when the
+ * table has no tag for it (not filled yet).
+ */
+int ngx_http_idempotency_slot_tag(unsigned int slot, unsigned char *tag);
 
 /*
  * Reads an error reply "MOVED <slot> <host>:<port>" or "ASK <slot>

@@ -151,19 +151,6 @@ sub record_state {
     return $state // '';
 }
 
-# the Redis Cluster slot of a key (CRC16/XMODEM of its hash tag or of it)
-sub key_slot {
-    my ($key) = @_;
-    $key = $1 if $key =~ /\{([^}]+)\}/ && index($key, '{') == $-[0];
-    my $crc = 0;
-    for my $c (unpack 'C*', $key) {
-        $crc ^= $c << 8;
-        $crc = $crc & 0x8000 ? (($crc << 1) ^ 0x1021) & 0xffff
-                             : ($crc << 1) & 0xffff for 1 .. 8;
-    }
-    return $crc % 16384;
-}
-
 # a split record as redis-cli shows it: the head is small and names the
 # body's length; the body key, in the head's slot, outlives the head
 sub split_record {

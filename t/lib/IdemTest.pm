@@ -13,7 +13,8 @@ use Exporter 'import';
 use IO::Socket::INET ();
 use POSIX ();
 
-our @EXPORT = qw($Slow first_request free_port key_hash redis_cli redis_ctl);
+our @EXPORT = qw($Slow first_request free_port key_hash key_slot redis_cli
+                 redis_ctl);
 
 # under valgrind everything is many times slower: so is our choreography
 our $Slow = $ENV{TEST_NGINX_USE_VALGRIND} ? 6 : 1;
@@ -86,6 +87,19 @@ sub free_port {
     my $p = $s->sockport;
     close $s;
     return $p;
+}
+
+# the Redis Cluster slot of a key (CRC16/XMODEM of its hash tag or of it)
+sub key_slot {
+    my ($key) = @_;
+    $key = $1 if $key =~ /\{([^}]+)\}/ && index($key, '{') == $-[0];
+    my $crc = 0;
+    for my $c (unpack 'C*', $key) {
+        $crc ^= $c << 8;
+        $crc = $crc & 0x8000 ? (($crc << 1) ^ 0x1021) & 0xffff
+                             : ($crc << 1) & 0xffff for 1 .. 8;
+    }
+    return $crc % 16384;
 }
 
 sub redis_ctl {

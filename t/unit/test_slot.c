@@ -137,6 +137,39 @@ test_not_redirects(void **state)
 }
 
 
+/* every slot has a tag of its own, printable, brace-free, in that slot */
+static void
+test_slot_tags(void **state)
+{
+    char          key[NGX_HTTP_IDEMPOTENCY_SLOT_TAG_LEN + 16];
+    unsigned int  s, i;
+    unsigned char tag[NGX_HTTP_IDEMPOTENCY_SLOT_TAG_LEN];
+
+    (void) state;
+
+    assert_int_equal(ngx_http_idempotency_slot_tag(0, tag), -1);
+
+    ngx_http_idempotency_slot_tags_init();
+    ngx_http_idempotency_slot_tags_init();
+
+    for (s = 0; s < NGX_HTTP_IDEMPOTENCY_SLOTS; s++) {
+        assert_int_equal(ngx_http_idempotency_slot_tag(s, tag), 0);
+
+        for (i = 0; i < sizeof(tag); i++) {
+            assert_true(tag[i] >= '@' && tag[i] <= 'O');
+        }
+
+        memcpy(key, "p:{", 3);
+        memcpy(key + 3, tag, sizeof(tag));
+        memcpy(key + 3 + sizeof(tag), "}:body:0", sizeof("}:body:0"));
+        assert_int_equal(slot(key), s);
+    }
+
+    assert_int_equal(ngx_http_idempotency_slot_tag(
+                         NGX_HTTP_IDEMPOTENCY_SLOTS, tag), -1);
+}
+
+
 int
 main(void)
 {
@@ -146,6 +179,7 @@ main(void)
         cmocka_unit_test(test_hash_tag),
         cmocka_unit_test(test_redirects),
         cmocka_unit_test(test_not_redirects),
+        cmocka_unit_test(test_slot_tags),
     };
 
     return cmocka_run_group_tests_name("slot", tests, NULL, NULL);
