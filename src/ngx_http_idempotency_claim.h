@@ -48,9 +48,5 @@ void ngx_http_idempotency_claim_judge(ngx_http_request_t *r,
  */
 ngx_int_t ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx);
 
-/* holds the response's last buffers until that reply: NGX_AGAIN */
-ngx_int_t ngx_http_idempotency_settle_wait(ngx_http_idempotency_ctx_t *ctx,
-    ngx_chain_t *in);
-
 
 #endif /* _NGX_HTTP_IDEMPOTENCY_CLAIM_H_INCLUDED_ */

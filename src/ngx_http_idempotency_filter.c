@@ -6,6 +6,7 @@
  */
 
 #include "ngx_http_idempotency_claim.h"
+#include "ngx_http_idempotency_hold.h"
 #include "ngx_http_idempotency_capture.h"
 #include "ngx_http_idempotency_ctx.h"
 #include "ngx_http_idempotency_stats.h"
