@@ -108,12 +108,7 @@ ngx_http_idempotency_wake(ngx_http_idempotency_ctx_t *ctx)
         return;
     }
 
-    ctx->waiting = 0;
-    ngx_queue_remove(&ctx->queue);
-
-    if (ctx->held_timer.timer_set) {
-        ngx_del_timer(&ctx->held_timer);
-    }
+    ngx_http_idempotency_hold_leave(ctx);
 
     r = ctx->request;
     r->buffered &= ~NGX_HTTP_IDEMPOTENCY_BUFFERED;
@@ -141,8 +136,8 @@ ngx_http_idempotency_wake(ngx_http_idempotency_ctx_t *ctx)
  * token) are its own.  Not any request waiting on the key: the release of
  * a duplicate whose claim went unanswered, or the store of a claim that
  * expired and was taken again, must not let another request's last buffer
- * go before its own store is acknowledged.  A split store given up before
- * its head was sent tells no fence: its request goes on at its timer.
+ * go before its own store is acknowledged (a split store given up before
+ * its head was sent tells the fence of its head's store).
  */
 
 void

@@ -40,7 +40,6 @@ typedef struct {
     u_char                              *body;
     u_char                             **blocks;   /* ours: chunks 1.. */
     ngx_uint_t                           nblocks;
-    size_t                               len;
     size_t                               sent;     /* bytes handed over */
     ngx_uint_t                           chunks;   /* in all */
     ngx_uint_t                           acked;    /* chunks in Redis */
@@ -49,7 +48,7 @@ typedef struct {
     ngx_str_t                            bkey;     /* room for ":<i>" */
     ngx_str_t                            bttl;     /* the chunks' PX */
     ngx_str_t                            sargs[5]; /* of the head's store */
-    ngx_http_idempotency_redis_batch_t   batch;    /* info: for a failure */
+    ngx_http_idempotency_redis_batch_t   batch;    /* size: the body's */
     ngx_http_idempotency_redis_pt        handler;  /* NULL: called */
     void                                *data;
     unsigned                             failed:1;
@@ -540,7 +539,6 @@ ngx_http_idempotency_redis_store_split(ngx_http_idempotency_redis_conf_t *rcf,
     }
 
     u->rcf = rcf;
-    u->len = body_len;
     u->deadline = deadline;
     u->handler = handler;
     u->data = data;
@@ -557,7 +555,7 @@ ngx_http_idempotency_redis_store_split(ngx_http_idempotency_redis_conf_t *rcf,
 
     ngx_log_debug4(NGX_LOG_DEBUG_HTTP, ngx_cycle->log, 0,
                    "idempotency redis: \"%V\" upload:%p of %uz bytes, "
-                   "%ui chunks", &u->node->name, u, u->len, u->chunks);
+                   "%ui chunks", &u->node->name, u, u->batch.size, u->chunks);
 
     if (ngx_http_idempotency_redis_upload_next(u) != NGX_OK
         && u->inflight == 0)
@@ -606,9 +604,10 @@ ngx_http_idempotency_redis_upload_next(ngx_http_idempotency_redis_upload_t *u)
 
     while (!u->failed
            && u->inflight < NGX_HTTP_IDEMPOTENCY_REDIS_WRITE_WINDOW
-           && u->sent < u->len)
+           && u->sent < u->batch.size)
     {
-        n = ngx_min(u->len - u->sent, NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK);
+        n = ngx_min(u->batch.size - u->sent,
+                    NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK);
         i = u->sent / NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK;
 
         /* "<body key>:<i>", right after the body key (the op copies it) */

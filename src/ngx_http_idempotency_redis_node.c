@@ -36,6 +36,9 @@ static void ngx_http_idempotency_redis_connect(
     ngx_http_idempotency_redis_node_t *node);
 static ngx_int_t ngx_http_idempotency_redis_handshake(
     ngx_http_idempotency_redis_node_t *node);
+static ngx_int_t ngx_http_idempotency_redis_send_steps(
+    ngx_http_idempotency_redis_node_t *node,
+    ngx_http_idempotency_redis_step_t *steps, ngx_uint_t n);
 static ngx_int_t ngx_http_idempotency_redis_send_step(
     ngx_http_idempotency_redis_node_t *node,
     ngx_http_idempotency_redis_step_t *step, int argc, const char **argv,
@@ -345,9 +348,7 @@ ngx_http_idempotency_redis_handshake(ngx_http_idempotency_redis_node_t *node)
     int                                  argc;
     u_char                               db[NGX_INT_T_LEN];
     size_t                               argvlen[3];
-    ngx_uint_t                           i;
     const char                          *argv[3];
-    ngx_http_idempotency_redis_step_t   *step;
     ngx_http_idempotency_redis_conf_t   *rcf;
 
     rcf = node->conf;
@@ -383,22 +384,30 @@ ngx_http_idempotency_redis_handshake(ngx_http_idempotency_redis_node_t *node)
         }
     }
 
-    for (i = 0; node->place && i < node->place->nsteps; i++) {
-        step = &node->place->steps[i];
-
-        if (ngx_http_idempotency_redis_send_step(node, step, step->argc,
-                                                 step->argv, step->argvlen)
-            != NGX_OK)
-        {
-            return NGX_ERROR;
-        }
+    if (node->place
+        && ngx_http_idempotency_redis_send_steps(node, node->place->steps,
+                                                 node->place->nsteps)
+           != NGX_OK)
+    {
+        return NGX_ERROR;
     }
 
-    for (i = 0; i < ngx_http_idempotency_redis_nsteps; i++) {
-        step = &ngx_http_idempotency_redis_steps[i];
+    return ngx_http_idempotency_redis_send_steps(node,
+                                            ngx_http_idempotency_redis_steps,
+                                            ngx_http_idempotency_redis_nsteps);
+}
 
-        if (ngx_http_idempotency_redis_send_step(node, step, step->argc,
-                                                 step->argv, step->argvlen)
+
+static ngx_int_t
+ngx_http_idempotency_redis_send_steps(ngx_http_idempotency_redis_node_t *node,
+    ngx_http_idempotency_redis_step_t *steps, ngx_uint_t n)
+{
+    ngx_uint_t  i;
+
+    for (i = 0; i < n; i++) {
+        if (ngx_http_idempotency_redis_send_step(node, &steps[i],
+                                                 steps[i].argc, steps[i].argv,
+                                                 steps[i].argvlen)
             != NGX_OK)
         {
             return NGX_ERROR;

@@ -415,13 +415,6 @@ ngx_http_idempotency_redis_connections(ngx_array_t *redis,
 }
 
 
-ngx_http_idempotency_redis_stats_t *
-ngx_http_idempotency_redis_stats(ngx_http_idempotency_redis_conf_t *rcf)
-{
-    return rcf->node ? &rcf->node->stats : NULL;
-}
-
-
 /*
  * The op timer.  SENT: no reply in time.  Replies come in order, so every
  * command behind this one is late too: the connection counts as broken and

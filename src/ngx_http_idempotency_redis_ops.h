@@ -88,9 +88,5 @@ void ngx_http_idempotency_redis_cancel(ngx_http_idempotency_redis_op_t *op);
 ngx_uint_t ngx_http_idempotency_redis_connections(ngx_array_t *redis,
     ngx_http_idempotency_redis_conn_t *out, ngx_uint_t n);
 
-/* this worker's counters for that Redis, or NULL without a connection */
-ngx_http_idempotency_redis_stats_t *ngx_http_idempotency_redis_stats(
-    ngx_http_idempotency_redis_conf_t *rcf);
-
 
 #endif /* _NGX_HTTP_IDEMPOTENCY_REDIS_OPS_H_INCLUDED_ */

@@ -41,10 +41,8 @@ sub new {
 sub error { $_[0]{error} }
 
 sub free_port {
-    my $s = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => 0,
-                                  Listen => 1)
-        or die "bind: $!\n";
-    return $s->sockport;
+    require IdemTest;
+    return IdemTest::free_port();
 }
 
 sub port_open {

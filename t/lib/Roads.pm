@@ -54,13 +54,8 @@ END {
 }
 
 sub free_port {
-    need('IO::Socket::INET');
-    my $s = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => 0,
-                                  Listen => 1, ReuseAddr => 1)
-        or die "bind: $!\n";
-    my $port = $s->sockport;
-    close $s;
-    return $port;
+    require IdemTest;
+    return IdemTest::free_port();
 }
 
 sub port_open {
