@@ -98,7 +98,7 @@ const ngx_http_idempotency_redis_topology_t
     ngx_http_idempotency_cluster_node,
     ngx_http_idempotency_cluster_owner,
     ngx_http_idempotency_cluster_redirect,
-    NULL
+    ngx_http_idempotency_redis_demoted
 };
 
 
