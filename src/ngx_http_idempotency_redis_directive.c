@@ -17,7 +17,7 @@ static char *ngx_http_idempotency_redis_sentinel_check(ngx_conf_t *cf,
     ngx_command_t *cmd, ngx_http_idempotency_redis_conf_t *rcf);
 static char *ngx_http_idempotency_redis_address(ngx_conf_t *cf,
     ngx_command_t *cmd, ngx_http_idempotency_redis_conf_t *rcf,
-    ngx_str_t *value);
+    ngx_str_t *value, ngx_uint_t named);
 static char *ngx_http_idempotency_redis_named(ngx_conf_t *cf,
     ngx_http_idempotency_redis_conf_t *rcf, ngx_url_t *u);
 static char *ngx_http_idempotency_redis_option(ngx_conf_t *cf,
@@ -31,7 +31,7 @@ ngx_http_idempotency_redis_conf_parse(ngx_conf_t *cf, ngx_command_t *cmd,
 {
     char                               *rv;
     ngx_str_t                          *value;
-    ngx_uint_t                          i;
+    ngx_uint_t                          i, cluster, named;
     ngx_addr_t                         *addr;
     ngx_http_idempotency_redis_conf_t  *rcf;
 
@@ -57,6 +57,8 @@ ngx_http_idempotency_redis_conf_parse(ngx_conf_t *cf, ngx_command_t *cmd,
 
     /* known before the addresses are parsed: sentinels default to 26379 */
 
+    cluster = 0;
+
     for (i = 1; i < cf->args->nelts; i++) {
         if (ngx_strncmp(value[i].data, "sentinel=", 9) == 0) {
             rcf->mode = NGX_HTTP_IDEMPOTENCY_REDIS_SENTINEL;
@@ -67,7 +69,15 @@ ngx_http_idempotency_redis_conf_parse(ngx_conf_t *cf, ngx_command_t *cmd,
         if (ngx_strcmp(value[i].data, "resolve") == 0) {
             rcf->resolve = 1;
         }
+
+        if (ngx_strcmp(value[i].data, "cluster") == 0) {
+            cluster = 1;
+        }
     }
+
+    /* Cluster seeds are resolved here; "resolve" is for announced names */
+
+    named = rcf->resolve && !cluster;
 
     for (i = 1; i < cf->args->nelts; i++) {
 
@@ -79,7 +89,8 @@ ngx_http_idempotency_redis_conf_parse(ngx_conf_t *cf, ngx_command_t *cmd,
             rv = ngx_http_idempotency_redis_option(cf, cmd, rcf, &value[i]);
 
         } else {
-            rv = ngx_http_idempotency_redis_address(cf, cmd, rcf, &value[i]);
+            rv = ngx_http_idempotency_redis_address(cf, cmd, rcf, &value[i],
+                                                    named);
         }
 
         if (rv != NGX_CONF_OK) {
@@ -109,11 +120,12 @@ ngx_http_idempotency_redis_conf_parse(ngx_conf_t *cf, ngx_command_t *cmd,
     }
 
     if (rcf->resolve) {
-        if (rcf->mode != NGX_HTTP_IDEMPOTENCY_REDIS_SINGLE) {
+        if (rcf->mode == NGX_HTTP_IDEMPOTENCY_REDIS_SENTINEL) {
             ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                               "\"%V\" directive: \"resolve\" is for one "
-                               "server, not with \"cluster\" or "
-                               "\"sentinel=\"", &cmd->name);
+                               "\"%V\" directive: \"resolve\" is not "
+                               "possible with \"sentinel=\" (sentinels are "
+                               "resolved when the configuration is read)",
+                               &cmd->name);
             return NGX_CONF_ERROR;
         }
 
@@ -223,9 +235,12 @@ ngx_http_idempotency_redis_sentinel_check(ngx_conf_t *cf, ngx_command_t *cmd,
 }
 
 
+/* "named": a host name is kept for the workers to resolve ("resolve") */
+
 static char *
 ngx_http_idempotency_redis_address(ngx_conf_t *cf, ngx_command_t *cmd,
-    ngx_http_idempotency_redis_conf_t *rcf, ngx_str_t *value)
+    ngx_http_idempotency_redis_conf_t *rcf, ngx_str_t *value,
+    ngx_uint_t named)
 {
     u_char      *p;
     ngx_url_t    u;
@@ -242,7 +257,7 @@ ngx_http_idempotency_redis_address(ngx_conf_t *cf, ngx_command_t *cmd,
      * with "resolve" the workers ask nginx's resolver instead
      */
 
-    u.no_resolve = rcf->resolve;
+    u.no_resolve = named;
 
     if (ngx_parse_url(cf->pool, &u) != NGX_OK) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
@@ -252,7 +267,7 @@ ngx_http_idempotency_redis_address(ngx_conf_t *cf, ngx_command_t *cmd,
         return NGX_CONF_ERROR;
     }
 
-    if (rcf->resolve && u.naddrs == 0 && rcf->addrs.nelts == 0) {
+    if (named && u.naddrs == 0 && rcf->addrs.nelts == 0) {
         return ngx_http_idempotency_redis_named(cf, rcf, &u);
     }
 

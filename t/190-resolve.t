@@ -6,7 +6,8 @@
 # 127.0.0.3 (same port) swap roles: service comes back without a reload
 # once the name moves, a key stored before the move is replayed (its
 # record replicated) and no key runs twice.  Also: a name that does not
-# resolve at start, nginx -t without a resolver, READONLY on a plain IP.
+# resolve at start, nginx -t without a resolver, READONLY on a plain IP,
+# and a Redis Cluster announcing host names (with redis-server 7).
 #
 # A plain Test::More file with its own redis-servers, DNS server and nginx
 # on free ports, all stopped by pid.  Run from the repository root.
@@ -56,6 +57,9 @@ for my $ip ($A, $B) {
         plan skip_all => "redis-server on $ip:$rport did not start";
     };
 }
+
+# a Cluster whose nodes announce host names n0.test, n1.test, n2.test
+my $cl = cluster_with_names();
 
 # B replicates A: what is stored on A is on B when they swap
 is(cli($B, 'REPLICAOF', $A, $rport), 'OK', 'B replicates A');
@@ -159,6 +163,28 @@ ok(wait_for(30, sub {
 
 ok(log_has(qr/"redis\.test" no longer resolves to 127\.0\.0\.3, reconnecting to 127\.0\.0\.2/),
    'the move is logged (the validity of the answer ended, 1 s)');
+
+
+# --- (f) a Cluster that announces host names --------------------------------
+
+SKIP: {
+    skip 'no Redis Cluster with host names (redis-server 7 is needed): '
+         . $IdemCluster::Error, 4 unless $cl;
+
+    ok(wait_for(30, sub { post('/cluster', 'c-warm')->{status} == 201 }),
+       'Cluster nodes announced by host name are resolved ("resolve")')
+        or diag(tail("$dir/nginx/logs/error.log"));
+
+    my @bad = grep { post('/cluster', "c-$_")->{status} != 201 } 1 .. 12;
+    is("@bad", '', 'keys of every master are claimed');
+
+    ok(log_has(qr/"n[0-2]\.test:\d+": "n[0-2]\.test" resolved to 127\.0\.0\.1/),
+       'the resolved node names are logged');
+
+    post('/cluster-ip', 'c-ip');
+    ok(log_has(qr/node "n[0-2]\.test:\d+" is not an IP address, ignored/),
+       'without "resolve" such nodes are ignored, as before');
+}
 
 
 # --- (e) READONLY on a plain IP (no "resolve") -----------------------------
@@ -283,6 +309,38 @@ sub wait_for {
     return 0;
 }
 
+# IdemCluster's 3 masters, each announcing n<i>.test (served by our DNS)
+sub cluster_with_names {
+    return undef unless `redis-server --version` =~ /v=([0-9]+)/ && $1 >= 7;
+
+    require IdemCluster;
+    my $c = IdemCluster->start(3) or return undef;
+
+    for my $i (0 .. 2) {
+        $dns->set("n$i.test" => '127.0.0.1');
+        $c->cli($i, 'CONFIG', 'SET', 'cluster-announce-hostname',
+                "n$i.test");
+        $c->cli($i, 'CONFIG', 'SET', 'cluster-preferred-endpoint-type',
+                'hostname');
+    }
+
+    # the names spread by gossip: every node's map names all three
+    my $named = wait_for(30, sub {
+        !grep {
+            my $slots = $c->cli($_, 'CLUSTER', 'SLOTS');
+            grep { $slots !~ /\bn$_\.test\b/ } 0 .. 2
+        } 0 .. 2
+    });
+
+    unless ($named) {
+        $IdemCluster::Error = 'the nodes did not announce their names';
+        $c->stop;
+        return undef;
+    }
+
+    return $c;
+}
+
 # the error log has a line matching $re (polled: another worker may be later)
 sub log_has {
     my ($re) = @_;
@@ -293,6 +351,25 @@ sub write_conf {
     my ($file, $resolver) = @_;
     my $prefix = "$dir/nginx";
     File::Path::make_path("$prefix/conf", "$prefix/logs");
+
+    my $cluster_locations = !$cl ? '' : <<LOC;
+        location = /cluster {
+            idempotency on;
+            idempotency_redis 127.0.0.1:@{[ $cl->port(0) ]} cluster resolve
+                              timeout=500ms connect_timeout=300ms
+                              prefix=t190c:;
+            proxy_pass http://127.0.0.1:$port/backend;
+        }
+
+        location = /cluster-ip {
+            idempotency on;
+            idempotency_redis 127.0.0.1:@{[ $cl->port(0) ]} cluster
+                              timeout=500ms connect_timeout=300ms
+                              prefix=t190d:;
+            proxy_pass http://127.0.0.1:$port/backend;
+        }
+
+LOC
 
     open my $fh, '>', "$prefix/conf/$file" or die "$file: $!\n";
     print $fh <<CONF;
@@ -341,6 +418,7 @@ http {
             proxy_pass http://127.0.0.1:$port/backend;
         }
 
+$cluster_locations
         location = /backend {
             access_log logs/exec.log exec;
             return 201 "ran \$request_id\\n";
