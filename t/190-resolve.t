@@ -83,6 +83,9 @@ like($out, qr/"idempotency_redis" directive with "resolve" needs a "resolver"/,
      'nginx -t fails without a resolver, naming idempotency_redis');
 unlike($out, qr/test is successful/, 'and the test is not successful');
 
+# nginx 1.30 also writes nginx -t's [emerg] to the error log: start afresh
+truncate "$dir/nginx/logs/error.log", 0;
+
 start_nginx();
 
 
@@ -448,9 +451,16 @@ sub start_nginx {
         @cmd = (@vg, @cmd);
     }
 
-    # valgrind reports to stderr: into make test-valgrind's log
+    # valgrind reports to stderr: into make test-valgrind's log, after a
+    # line that names the run (as the runner writes)
     my $stderr = $ENV{TEST_NGINX_USE_VALGRIND} && $ENV{TEST_NGINX_VALGRIND_LOG}
                  || "$prefix/logs/stderr.log";
+
+    if ($ENV{TEST_NGINX_USE_VALGRIND} && $ENV{TEST_NGINX_VALGRIND_LOG}) {
+        open my $out, '>>', $stderr or die "$stderr: $!\n";
+        print $out "=== $0 nginx\n";
+        close $out;
+    }
 
     $nginx_pid = fork();
     die "fork: $!" unless defined $nginx_pid;
