@@ -11,6 +11,7 @@
 #include <ngx_event.h>
 
 #include "ngx_http_idempotency_redis_topology.h"
+#include "ngx_http_idempotency_redis_resolve.h"
 #include "ngx_http_idempotency_slot.h"
 
 
@@ -29,9 +30,10 @@
 
 
 typedef struct {
-    ngx_str_t                            host;     /* IP literal, NUL-ended */
+    ngx_str_t                            host;     /* IP or name, NUL-ended */
     in_port_t                            port;
     ngx_http_idempotency_redis_node_t   *node;
+    unsigned                             named:1;  /* resolved: "resolve" */
 } ngx_http_idempotency_cluster_node_t;
 
 
@@ -98,7 +100,7 @@ const ngx_http_idempotency_redis_topology_t
     ngx_http_idempotency_cluster_node,
     ngx_http_idempotency_cluster_owner,
     ngx_http_idempotency_cluster_redirect,
-    NULL
+    ngx_http_idempotency_redis_demoted
 };
 
 
@@ -201,6 +203,10 @@ ngx_http_idempotency_cluster_exit(ngx_http_idempotency_redis_conf_t *rcf)
 
     for (i = 0; i < cl->nodes.nelts; i++) {
         ngx_http_idempotency_redis_node_exit(cn[i].node);
+
+        if (cn[i].named) {
+            ngx_http_idempotency_redis_resolve_exit(cn[i].node);
+        }
     }
 }
 
@@ -355,8 +361,9 @@ ngx_http_idempotency_cluster_node_failed(void *data,
 
 
 /*
- * The node of host:port, made (and connecting) if it is new.  Only IP
- * literals: a host name would make hiredis resolve it, blocking the worker.
+ * The node of host:port, made (and connecting) if it is new.  A host name
+ * only with "resolve" (nginx's resolver): hiredis would resolve it,
+ * blocking the worker.
  */
 
 static ngx_http_idempotency_cluster_node_t *
@@ -364,7 +371,7 @@ ngx_http_idempotency_cluster_add(ngx_http_idempotency_cluster_t *cl,
     u_char *host, size_t len, in_port_t port)
 {
     u_char                                *p;
-    ngx_uint_t                             i;
+    ngx_uint_t                             i, named;
     ngx_http_idempotency_cluster_node_t   *cn;
 #if (NGX_HAVE_INET6)
     u_char                                 in6[16];
@@ -380,16 +387,18 @@ ngx_http_idempotency_cluster_add(ngx_http_idempotency_cluster_t *cl,
         }
     }
 
-    if (ngx_inet_addr(host, len) == INADDR_NONE
+    named = (ngx_inet_addr(host, len) == INADDR_NONE
 #if (NGX_HAVE_INET6)
-        && ngx_inet6_addr(host, len, in6) != NGX_OK
+             && ngx_inet6_addr(host, len, in6) != NGX_OK
 #endif
-       )
-    {
+            );
+
+    if (named && !cl->conf->resolve) {
         ngx_log_error(NGX_LOG_ERR, cl->log, 0,
                       "idempotency redis cluster: node \"%*s:%d\" is not "
                       "an IP address, ignored (the cluster must announce "
-                      "IP addresses)", len, host, (int) port);
+                      "IP addresses, or give \"resolve\")", len, host,
+                      (int) port);
         return NULL;
     }
 
@@ -417,11 +426,21 @@ ngx_http_idempotency_cluster_add(ngx_http_idempotency_cluster_t *cl,
     cn->host.data = p;
     cn->host.len = len;
     cn->port = port;
+    cn->named = named;
 
-    cn->node = ngx_http_idempotency_redis_node_create(cl->conf, &cn->host,
-                                        port, NULL,
+    if (named) {
+        cn->node = ngx_http_idempotency_redis_resolve_node(cl->conf,
+                                   &cn->host, port,
+                                   ngx_http_idempotency_cluster_node_failed,
+                                   cl, cl->pool, cl->log);
+
+    } else {
+        cn->node = ngx_http_idempotency_redis_node_create(cl->conf,
+                                        &cn->host, port, NULL,
                                         &ngx_http_idempotency_cluster_place,
                                         cl, cl->pool, cl->log);
+    }
+
     if (cn->node == NULL) {
         cl->nodes.nelts--;
         return NULL;

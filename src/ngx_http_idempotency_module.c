@@ -296,9 +296,11 @@ static ngx_str_t  ngx_http_idempotency_hidden_headers[] = {
 static ngx_int_t
 ngx_http_idempotency_init(ngx_conf_t *cf)
 {
-    ngx_http_handler_pt               *h;
-    ngx_http_core_main_conf_t         *cmcf;
-    ngx_http_idempotency_main_conf_t  *imcf;
+    ngx_uint_t                          i;
+    ngx_http_handler_pt                *h;
+    ngx_http_core_main_conf_t          *cmcf;
+    ngx_http_idempotency_main_conf_t   *imcf;
+    ngx_http_idempotency_redis_conf_t **rcfp;
 
     imcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_idempotency_module);
 
@@ -321,6 +323,14 @@ ngx_http_idempotency_init(ngx_conf_t *cf)
     }
 
     *h = ngx_http_idempotency_handler;
+
+    rcfp = imcf->redis.elts;
+
+    for (i = 0; i < imcf->redis.nelts; i++) {
+        if (ngx_http_idempotency_redis_conf_check(cf, rcfp[i]) != NGX_OK) {
+            return NGX_ERROR;
+        }
+    }
 
     if (ngx_http_idempotency_outcome_init(cf) != NGX_OK) {
         return NGX_ERROR;

@@ -87,9 +87,9 @@ ngx_http_idempotency_redis_op_t *ngx_http_idempotency_redis_script(
  * twice).  When the connection is lost or a reply does not come in time, or
  * when there is no connection at the call, the op is kept in the worker
  * ("parked") and sent again, in order, once the connection is ready again;
- * a transient error reply (LOADING, BUSY, TRYAGAIN, MASTERDOWN, CLUSTERDOWN,
- * NOREPLICAS) sends it again after a back-off; behind sentinels, READONLY,
- * LOADING and MASTERDOWN keep it for the next master instead.  It is given
+ * a transient error reply (BUSY, TRYAGAIN, CLUSTERDOWN, NOREPLICAS) sends
+ * it again after a back-off; READONLY, LOADING and MASTERDOWN (a failover)
+ * drop the connection and keep it for the next one instead.  It is given
  * up, with its handler called with NGX_HTTP_IDEMPOTENCY_REDIS_ERROR and
  * info->reason set, when "deadline" (an ngx_current_msec value) passes
  * while it is parked, when keeping it would exceed the worker's retry

@@ -34,7 +34,7 @@ typedef struct {
     ngx_str_t                            text;     /* all arguments, for logs */
     ngx_uint_t                           mode;
     ngx_array_t                          addrs;    /* of ngx_addr_t */
-    ngx_str_t                            host;     /* IP literal, NUL-ended */
+    ngx_str_t                            host;     /* IP or name, NUL-ended */
     in_port_t                            port;
     ngx_str_t                            unix_path; /* NUL-ended, or empty */
     ngx_str_t                            sentinel_master;
@@ -46,6 +46,15 @@ typedef struct {
     ngx_msec_t                           connect_timeout;
     ngx_msec_t                           timeout;
     ngx_str_t                            prefix;
+
+    /*
+     * "resolve": the workers resolve host names with the resolver of
+     * clcf (where the directive first is); "named": the address is a
+     * host name, in host (its ngx_addr_t has no sockaddr)
+     */
+    ngx_http_core_loc_conf_t            *clcf;
+    unsigned                             resolve:1;
+    unsigned                             named:1;
 
     /* single, Sentinel or Cluster: set with the mode, when it is parsed */
     const ngx_http_idempotency_redis_topology_t  *topology;

@@ -17,7 +17,9 @@ static char *ngx_http_idempotency_redis_sentinel_check(ngx_conf_t *cf,
     ngx_command_t *cmd, ngx_http_idempotency_redis_conf_t *rcf);
 static char *ngx_http_idempotency_redis_address(ngx_conf_t *cf,
     ngx_command_t *cmd, ngx_http_idempotency_redis_conf_t *rcf,
-    ngx_str_t *value);
+    ngx_str_t *value, ngx_uint_t named);
+static char *ngx_http_idempotency_redis_named(ngx_conf_t *cf,
+    ngx_http_idempotency_redis_conf_t *rcf, ngx_url_t *u);
 static char *ngx_http_idempotency_redis_option(ngx_conf_t *cf,
     ngx_command_t *cmd, ngx_http_idempotency_redis_conf_t *rcf,
     ngx_str_t *value);
@@ -29,7 +31,7 @@ ngx_http_idempotency_redis_conf_parse(ngx_conf_t *cf, ngx_command_t *cmd,
 {
     char                               *rv;
     ngx_str_t                          *value;
-    ngx_uint_t                          i;
+    ngx_uint_t                          i, cluster, named;
     ngx_addr_t                         *addr;
     ngx_http_idempotency_redis_conf_t  *rcf;
 
@@ -55,22 +57,40 @@ ngx_http_idempotency_redis_conf_parse(ngx_conf_t *cf, ngx_command_t *cmd,
 
     /* known before the addresses are parsed: sentinels default to 26379 */
 
+    cluster = 0;
+
     for (i = 1; i < cf->args->nelts; i++) {
         if (ngx_strncmp(value[i].data, "sentinel=", 9) == 0) {
             rcf->mode = NGX_HTTP_IDEMPOTENCY_REDIS_SENTINEL;
         }
+
+        /* ... and whether a host name is resolved here or by the workers */
+
+        if (ngx_strcmp(value[i].data, "resolve") == 0) {
+            rcf->resolve = 1;
+        }
+
+        if (ngx_strcmp(value[i].data, "cluster") == 0) {
+            cluster = 1;
+        }
     }
+
+    /* Cluster seeds are resolved here; "resolve" is for announced names */
+
+    named = rcf->resolve && !cluster;
 
     for (i = 1; i < cf->args->nelts; i++) {
 
         if (ngx_strlchr(value[i].data, value[i].data + value[i].len, '=')
             != NULL
-            || ngx_strcmp(value[i].data, "cluster") == 0)
+            || ngx_strcmp(value[i].data, "cluster") == 0
+            || ngx_strcmp(value[i].data, "resolve") == 0)
         {
             rv = ngx_http_idempotency_redis_option(cf, cmd, rcf, &value[i]);
 
         } else {
-            rv = ngx_http_idempotency_redis_address(cf, cmd, rcf, &value[i]);
+            rv = ngx_http_idempotency_redis_address(cf, cmd, rcf, &value[i],
+                                                    named);
         }
 
         if (rv != NGX_CONF_OK) {
@@ -97,6 +117,21 @@ ngx_http_idempotency_redis_conf_parse(ngx_conf_t *cf, ngx_command_t *cmd,
         != NGX_CONF_OK)
     {
         return NGX_CONF_ERROR;
+    }
+
+    if (rcf->resolve) {
+        if (rcf->mode == NGX_HTTP_IDEMPOTENCY_REDIS_SENTINEL) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "\"%V\" directive: \"resolve\" is not "
+                               "possible with \"sentinel=\" (sentinels are "
+                               "resolved when the configuration is read)",
+                               &cmd->name);
+            return NGX_CONF_ERROR;
+        }
+
+        /* its resolver is known once the locations are merged */
+        rcf->clcf = ngx_http_conf_get_module_loc_conf(cf,
+                                                      ngx_http_core_module);
     }
 
     if (rcf->mode == NGX_HTTP_IDEMPOTENCY_REDIS_CLUSTER) {
@@ -200,9 +235,12 @@ ngx_http_idempotency_redis_sentinel_check(ngx_conf_t *cf, ngx_command_t *cmd,
 }
 
 
+/* "named": a host name is kept for the workers to resolve ("resolve") */
+
 static char *
 ngx_http_idempotency_redis_address(ngx_conf_t *cf, ngx_command_t *cmd,
-    ngx_http_idempotency_redis_conf_t *rcf, ngx_str_t *value)
+    ngx_http_idempotency_redis_conf_t *rcf, ngx_str_t *value,
+    ngx_uint_t named)
 {
     u_char      *p;
     ngx_url_t    u;
@@ -214,7 +252,12 @@ ngx_http_idempotency_redis_address(ngx_conf_t *cf, ngx_command_t *cmd,
     u.default_port = (rcf->mode == NGX_HTTP_IDEMPOTENCY_REDIS_SENTINEL)
                      ? 26379 : 6379;
 
-    /* a host name is resolved here, never in a worker */
+    /*
+     * A host name is resolved here, never with getaddrinfo in a worker;
+     * with "resolve" the workers ask nginx's resolver instead
+     */
+
+    u.no_resolve = named;
 
     if (ngx_parse_url(cf->pool, &u) != NGX_OK) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
@@ -222,6 +265,10 @@ ngx_http_idempotency_redis_address(ngx_conf_t *cf, ngx_command_t *cmd,
                            u.err ? u.err : "invalid address", value,
                            &cmd->name);
         return NGX_CONF_ERROR;
+    }
+
+    if (named && u.naddrs == 0 && rcf->addrs.nelts == 0) {
+        return ngx_http_idempotency_redis_named(cf, rcf, &u);
     }
 
     if (u.naddrs == 0 || u.addrs == NULL) {
@@ -273,6 +320,69 @@ ngx_http_idempotency_redis_address(ngx_conf_t *cf, ngx_command_t *cmd,
 }
 
 
+/* "resolve" and a host name: kept for the workers, not resolved here */
+
+static char *
+ngx_http_idempotency_redis_named(ngx_conf_t *cf,
+    ngx_http_idempotency_redis_conf_t *rcf, ngx_url_t *u)
+{
+    ngx_addr_t  *addr;
+
+    addr = ngx_array_push(&rcf->addrs);
+    if (addr == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    ngx_memzero(addr, sizeof(ngx_addr_t));
+    addr->name = u->url;
+
+    rcf->host.data = ngx_pnalloc(cf->pool, u->host.len + 1);
+    if (rcf->host.data == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    ngx_memcpy(rcf->host.data, u->host.data, u->host.len);
+    rcf->host.data[u->host.len] = '\0';
+    rcf->host.len = u->host.len;
+    rcf->port = u->port;
+    rcf->named = 1;
+
+    return NGX_CONF_OK;
+}
+
+
+/*
+ * After the locations are merged: "resolve" needs a resolver where the
+ * directive is (without one nginx puts a resolver with no name server)
+ */
+
+ngx_int_t
+ngx_http_idempotency_redis_conf_check(ngx_conf_t *cf,
+    ngx_http_idempotency_redis_conf_t *rcf)
+{
+    ngx_addr_t  *addr;
+
+    if (!rcf->resolve) {
+        return NGX_OK;
+    }
+
+    if (rcf->clcf->resolver == NULL
+        || rcf->clcf->resolver->connections.nelts == 0)
+    {
+        /* not rcf->text: it holds the password */
+        addr = rcf->addrs.elts;
+
+        ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
+                      "\"idempotency_redis\" directive with \"resolve\" "
+                      "needs a \"resolver\" where it is (\"%V\")",
+                      &addr[0].name);
+        return NGX_ERROR;
+    }
+
+    return NGX_OK;
+}
+
+
 static char *
 ngx_http_idempotency_redis_option(ngx_conf_t *cf, ngx_command_t *cmd,
     ngx_http_idempotency_redis_conf_t *rcf, ngx_str_t *value)
@@ -280,6 +390,11 @@ ngx_http_idempotency_redis_option(ngx_conf_t *cf, ngx_command_t *cmd,
     ngx_int_t   n;
     ngx_str_t   v;
     ngx_msec_t  ms;
+
+    if (ngx_strcmp(value->data, "resolve") == 0) {
+        /* seen before the addresses were parsed */
+        return NGX_CONF_OK;
+    }
 
     if (ngx_strcmp(value->data, "cluster") == 0) {
 

@@ -21,5 +21,12 @@ char *ngx_http_idempotency_redis_conf_parse(ngx_conf_t *cf,
     ngx_command_t *cmd, ngx_str_t *text,
     ngx_http_idempotency_redis_conf_t **out);
 
+/*
+ * The checks that need the merged configuration (postconfiguration): an
+ * error for nginx -t is logged and NGX_ERROR returned.
+ */
+ngx_int_t ngx_http_idempotency_redis_conf_check(ngx_conf_t *cf,
+    ngx_http_idempotency_redis_conf_t *rcf);
+
 
 #endif /* _NGX_HTTP_IDEMPOTENCY_REDIS_DIRECTIVE_H_INCLUDED_ */

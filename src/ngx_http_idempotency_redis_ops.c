@@ -625,9 +625,10 @@ ngx_http_idempotency_redis_op_reply(redisAsyncContext *ac, void *r,
     }
 
     /*
-     * Behind sentinels, a server that stopped being the master: the
-     * connection is dropped (the next one asks the sentinels), and a
-     * retryable op waits for it
+     * A server that stopped being the master (a failover): the connection
+     * is dropped (the next one asks the sentinels, or resolves the name
+     * again, or finds the same server a master again), and a retryable op
+     * waits for it; another op gets the error, as when a connection breaks
      */
 
     if (op->node->conf->topology->demoted

@@ -10,6 +10,7 @@
 #include <ngx_http.h>
 
 #include "ngx_http_idempotency_redis_topology.h"
+#include "ngx_http_idempotency_redis_resolve.h"
 #include "ngx_http_idempotency_sentinel.h"
 
 
@@ -40,7 +41,7 @@ const ngx_http_idempotency_redis_topology_t
     ngx_http_idempotency_redis_first,
     NULL,
     NULL,
-    NULL
+    ngx_http_idempotency_redis_demoted
 };
 
 
@@ -51,7 +52,7 @@ const ngx_http_idempotency_redis_topology_t
     ngx_http_idempotency_redis_first,
     NULL,
     NULL,
-    ngx_http_idempotency_sentinel_demoted
+    ngx_http_idempotency_redis_demoted
 };
 
 
@@ -85,11 +86,24 @@ ngx_http_idempotency_redis_single_init(ngx_cycle_t *cycle,
     addr = rcf->addrs.elts;
 
     for (i = 0; i < 2; i++) {
-        node = ngx_http_idempotency_redis_node_create(rcf, &rcf->host,
-                                                      rcf->port,
-                                                      &addr[0].name, NULL,
-                                                      NULL, cycle->pool,
-                                                      cycle->log);
+
+        /* "resolve" and a name: each connection follows the name */
+
+        if (rcf->named) {
+            node = ngx_http_idempotency_redis_resolve_node(rcf, &rcf->host,
+                                                           rcf->port, NULL,
+                                                           NULL, cycle->pool,
+                                                           cycle->log);
+
+        } else {
+            node = ngx_http_idempotency_redis_node_create(rcf, &rcf->host,
+                                                          rcf->port,
+                                                          &addr[0].name,
+                                                          NULL, NULL,
+                                                          cycle->pool,
+                                                          cycle->log);
+        }
+
         if (node == NULL) {
             return NGX_ERROR;
         }
@@ -116,11 +130,21 @@ ngx_http_idempotency_redis_single_exit(ngx_http_idempotency_redis_conf_t *rcf)
 {
     if (rcf->bulk) {
         ngx_http_idempotency_redis_node_exit(rcf->bulk);
+
+        if (rcf->named) {
+            ngx_http_idempotency_redis_resolve_exit(rcf->bulk);
+        }
+
         rcf->bulk = NULL;
     }
 
     if (rcf->node) {
         ngx_http_idempotency_redis_node_exit(rcf->node);
+
+        if (rcf->named) {
+            ngx_http_idempotency_redis_resolve_exit(rcf->node);
+        }
+
         rcf->node = NULL;
     }
 }
@@ -223,4 +247,47 @@ ngx_http_idempotency_redis_role_check(ngx_http_idempotency_redis_node_t *node,
     redisReply *reply, ngx_http_idempotency_redis_step_t *step)
 {
     return ngx_http_idempotency_sentinel_role(reply);
+}
+
+
+/*
+ * Any topology: the server takes no writes now (a failover made it a
+ * replica, or it is loading its data).  Only the code word is compared:
+ * Valkey says "Valkey is loading" where Redis says "Redis is loading".
+ */
+
+const char *
+ngx_http_idempotency_redis_demoted(redisReply *reply)
+{
+    /* the texts outlive the reply: a parked op keeps its last error */
+
+    static struct {
+        ngx_str_t    code;
+        const char  *text;
+    } codes[] = {
+        { ngx_string("READONLY"), "the master became a replica (READONLY)" },
+        { ngx_string("LOADING"), "the master is loading its data (LOADING)" },
+        { ngx_string("MASTERDOWN"),
+          "the server is a replica without master (MASTERDOWN)" },
+        { ngx_null_string, NULL }
+    };
+
+    ngx_uint_t  i;
+
+    if (reply->type != REDIS_REPLY_ERROR || reply->str == NULL) {
+        return NULL;
+    }
+
+    for (i = 0; codes[i].text; i++) {
+        if ((size_t) reply->len >= codes[i].code.len
+            && ngx_strncmp(reply->str, codes[i].code.data, codes[i].code.len)
+               == 0
+            && ((size_t) reply->len == codes[i].code.len
+                || reply->str[codes[i].code.len] == ' '))
+        {
+            return codes[i].text;
+        }
+    }
+
+    return NULL;
 }

@@ -49,11 +49,19 @@ struct ngx_http_idempotency_redis_topology_s {
 
     /*
      * An error reply that says the server takes no writes as the master
-     * any more (the connection is then dropped and a retryable command
-     * waits for the next one): the text for the log, or NULL.
+     * any more (the connection is then dropped, the next one asks the
+     * sentinels or the resolver again, and a retryable command waits for
+     * it): the text for the log, or NULL.
      */
     const char                        *(*demoted)(redisReply *reply);
 };
+
+
+/*
+ * The "demoted" of every topology: READONLY, LOADING or MASTERDOWN (the
+ * code word only), the text for the log, or NULL.
+ */
+const char *ngx_http_idempotency_redis_demoted(redisReply *reply);
 
 
 extern const ngx_http_idempotency_redis_topology_t

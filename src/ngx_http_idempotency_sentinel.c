@@ -42,12 +42,6 @@ typedef struct {
 } ngx_http_idempotency_sentinel_addr_t;
 
 
-typedef struct {
-    ngx_str_t                              code;
-    const char                            *text;
-} ngx_http_idempotency_sentinel_code_t;
-
-
 /* the events of one sentinel: every sentinel is listened to */
 typedef struct {
     ngx_http_idempotency_sentinel_t       *sentinel;
@@ -1087,33 +1081,6 @@ ngx_http_idempotency_sentinel_role(redisReply *reply)
     }
 
     return "the server the sentinels named is not a master (yet)";
-}
-
-
-const char *
-ngx_http_idempotency_sentinel_demoted(redisReply *reply)
-{
-    /* the texts outlive the reply: a parked op keeps its last error */
-
-    static ngx_http_idempotency_sentinel_code_t  codes[] = {
-        { ngx_string("READONLY "), "the master became a replica (READONLY)" },
-        { ngx_string("LOADING "), "the master is loading its data (LOADING)" },
-        { ngx_string("MASTERDOWN "),
-          "the server is a replica without master (MASTERDOWN)" },
-        { ngx_null_string, NULL }
-    };
-
-    ngx_http_idempotency_sentinel_code_t  *code;
-
-    for (code = codes; code->text; code++) {
-        if (reply->len >= code->code.len
-            && ngx_strncmp(reply->str, code->code.data, code->code.len) == 0)
-        {
-            return code->text;
-        }
-    }
-
-    return NULL;
 }
 
 

@@ -49,12 +49,6 @@ ngx_int_t ngx_http_idempotency_sentinel_master(
 /* the reply of ROLE: NULL for a master, or why the server is none */
 const char *ngx_http_idempotency_sentinel_role(redisReply *reply);
 
-/*
- * An error reply that says the server is no longer the master (READONLY,
- * LOADING, MASTERDOWN): the text for the log, or NULL.
- */
-const char *ngx_http_idempotency_sentinel_demoted(redisReply *reply);
-
 /* at worker exit: closes both connections, stops the timers */
 void ngx_http_idempotency_sentinel_close(ngx_http_idempotency_sentinel_t *s);
 

@@ -519,3 +519,46 @@ invalid option value "sentinel=" in "idempotency_redis" directive
 --- error_log
 [emerg]
 "idempotency_redis" directive: "sentinel_user=" needs "sentinel_password="
+
+
+
+=== TEST 32: resolve does not apply to sentinels
+--- config
+    resolver 127.0.0.1;
+    location = /t {
+        idempotency_redis 127.0.0.1:26379 sentinel=mymaster resolve;
+    }
+--- must_die
+--- error_log
+[emerg]
+"idempotency_redis" directive: "resolve" is not possible with "sentinel="
+
+
+
+=== TEST 33: resolve needs a resolver where the directive is
+--- config
+    location = /t {
+        idempotency on;
+        idempotency_redis redis.invalid:6379 resolve;
+    }
+--- must_die
+--- error_log
+[emerg]
+"idempotency_redis" directive with "resolve" needs a "resolver" where it is ("redis.invalid:6379")
+
+
+
+=== TEST 34: with resolve, a name is not resolved when the configuration is read
+--- config
+    resolver 127.0.0.1:1 valid=1s;
+    location = /t {
+        idempotency on;
+        idempotency_redis redis.invalid:6379 resolve;
+        return 200 "ok\n";
+    }
+--- request
+GET /t
+--- response_body
+ok
+--- no_error_log
+[emerg]
