@@ -63,20 +63,22 @@ BEGIN {
         return $p;
     };
 
-    # a TLS-only redis-server in the foreground, ours to stop
+    # a redis-server in the foreground, ours to stop: TLS on the port it
+    # returns, plain TCP on $plain (0: none) for the test's own redis-cli
     my $redis = sub {
-        my ($name, @args) = @_;
+        my ($name, $plain, @args) = @_;
         my $port = $free->();
         my $pid = fork();
         die "fork: $!" unless defined $pid;
         if ($pid == 0) {
             open STDOUT, '>>', "$Dir/$name.log";
             open STDERR, '>&', \*STDOUT;
-            exec 'redis-server', '--bind', '127.0.0.1', '--port', '0',
-                 '--tls-port', $port, '--save', '', '--appendonly', 'no',
-                 '--dir', $Dir, '--tls-cert-file', "$Dir/server.crt",
+            exec 'redis-server', @args, '--bind', '127.0.0.1',
+                 '--port', $plain, '--tls-port', $port, '--save', '',
+                 '--appendonly', 'no', '--dir', $Dir,
+                 '--tls-cert-file', "$Dir/server.crt",
                  '--tls-key-file', "$Dir/server.key",
-                 '--tls-ca-cert-file', "$Dir/ca.crt", @args
+                 '--tls-ca-cert-file', "$Dir/ca.crt"
                 or POSIX::_exit(127);
         }
         push @Pids, $pid;
@@ -90,10 +92,55 @@ BEGIN {
         return 0;
     };
 
+    my $wait = sub {
+        my ($port, $cmd, $want) = @_;
+        for (1 .. 200) {
+            return 1 if `redis-cli -p $port $cmd 2>/dev/null` =~ $want;
+            select(undef, undef, undef, 0.05);
+        }
+        return 0;
+    };
+
     $Why //= 'redis-server has no TLS'
-        unless ($Port{pw} = $redis->('pw', '--tls-auth-clients', 'no',
+        unless ($Port{pw} = $redis->('pw', 0, '--tls-auth-clients', 'no',
                                      '--requirepass', 'tls-secret'))
-        && ($Port{mtls} = $redis->('mtls', '--tls-auth-clients', 'yes'));
+        && ($Port{mtls} = $redis->('mtls', 0, '--tls-auth-clients', 'yes'));
+
+    # Sentinel over TLS: a master and a sentinel, both on TLS ports (and
+    # plain ones for redis-cli); with tls-replication yes the sentinel talks
+    # TLS to the master and names its TLS port
+    unless ($Why) {
+        my $mp = $free->();
+        $Port{master} = $redis->('master', $mp, '--tls-auth-clients', 'no',
+                                 '--tls-replication', 'yes');
+        my $sp = $free->();
+        open my $fh, '>', "$Dir/sentinel.conf" or die "sentinel.conf: $!";
+        print $fh "sentinel monitor tlsmaster 127.0.0.1 $Port{master} 1\n";
+        close $fh;
+        $Port{sentinel} = $redis->('sentinel', $sp, "$Dir/sentinel.conf",
+                                   '--sentinel', '--tls-auth-clients', 'no',
+                                   '--tls-replication', 'yes')
+            if $Port{master};
+        $Why = 'no Sentinel over TLS'
+            unless $Port{sentinel}
+            && $wait->($sp, 'SENTINEL get-master-addr-by-name tlsmaster',
+                       qr/^$Port{master}$/m);
+    }
+
+    # Cluster over TLS: one node that owns every slot, tls-cluster yes
+    unless ($Why) {
+        my $cp = $free->();
+        $Port{cluster} = $redis->('cluster', $cp, '--cluster-enabled', 'yes',
+                                  '--cluster-port', $free->(),
+                                  '--cluster-config-file',
+                                  "$Dir/nodes-$cp.conf",
+                                  '--tls-cluster', 'yes',
+                                  '--tls-auth-clients', 'no');
+        $Why = 'no Cluster over TLS'
+            unless $Port{cluster}
+            && `redis-cli -p $cp CLUSTER ADDSLOTSRANGE 0 16383` =~ /OK/
+            && $wait->($cp, 'CLUSTER INFO', qr/cluster_state:ok/);
+    }
 
     if ($Why) {
         require Test::More;
@@ -133,6 +180,28 @@ sub redis {
 };
 }
 
+sub sentinel {
+    my ($options) = @_;
+    return qq{
+    log_format exec 'EXEC \$request_method \$uri \$http_idempotency_key';
+    idempotency_scope "test:";
+    idempotency_redis 127.0.0.1:$Port{sentinel} sentinel=tlsmaster tls
+                      $options connect_timeout=5s timeout=5s
+                      prefix=$ENV{TEST_NGINX_PREFIX};
+};
+}
+
+sub cluster {
+    my ($options) = @_;
+    return qq{
+    log_format exec 'EXEC \$request_method \$uri \$http_idempotency_key';
+    idempotency_scope "test:";
+    idempotency_redis 127.0.0.1:$Port{cluster} cluster tls $options
+                      connect_timeout=5s timeout=5s
+                      prefix=$ENV{TEST_NGINX_PREFIX};
+};
+}
+
 our $Pw = "password=tls-secret tls_trusted_certificate=$Dir/ca.crt";
 our $Mtls = "tls_trusted_certificate=$Dir/ca.crt"
             . " tls_certificate=$Dir/client.crt"
@@ -162,7 +231,30 @@ our $Config = qq{
         access_log logs/error.log exec;
         return 201 "created\\n";
     }
+
+    location = /ping {
+        return 200 "pong\\n";
+    }
 };
+
+# POSTs a warm-up key until it gets 201: the first requests after a start
+# may come before a worker has asked the sentinel or the slot map
+sub warm {
+    my ($key) = @_;
+    for (1 .. 100 * $IdemTest::Slow) {
+        my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1',
+                                      PeerPort => $ENV{TEST_NGINX_SERVER_PORT},
+                                      Timeout => 10)
+            or next;
+        print $s "POST /t HTTP/1.0\r\nHost: localhost\r\n"
+                 . "Idempotency-Key: $key\r\nContent-Length: 0\r\n\r\n";
+        local $/;
+        my $r = <$s> // '';
+        return 1 if $r =~ m{^HTTP/1\.\d 201 };
+        select(undef, undef, undef, 0.1);
+    }
+    return 0;
+}
 
 master_on();
 no_shuffle();
@@ -331,7 +423,97 @@ EXEC
 
 
 
-=== TEST 11: tls_* options without tls are refused
+=== TEST 11: Sentinel over TLS: nginx starts (a request that needs no Redis)
+--- http_config eval: main::sentinel("tls_trusted_certificate=$::Dir/ca.crt")
+--- config eval: $::Config
+--- request
+GET /ping
+--- error_code: 200
+
+
+
+=== TEST 12: ... the sentinel names the master, over TLS both, verified: a record is claimed and stored
+--- init
+main::warm('warm-sentinel') or die "the master is not reached over TLS\n";
+--- request
+POST /t
+--- more_headers
+Idempotency-Key: tls-sentinel
+--- error_code: 201
+--- grep_error_log: EXEC POST /backend tls-sentinel
+--- grep_error_log_out
+EXEC POST /backend tls-sentinel
+
+
+
+=== TEST 13: ... and its retry is replayed (the log of this nginx shows one run)
+--- request
+POST /t
+--- more_headers
+Idempotency-Key: tls-sentinel
+--- error_code: 201
+--- response_headers
+Idempotent-Replayed: true
+--- grep_error_log: EXEC POST /backend tls-sentinel
+--- grep_error_log_out
+EXEC POST /backend tls-sentinel
+
+
+
+=== TEST 14: Sentinel over TLS with another CA: the sentinel is not trusted, 503
+--- http_config eval: main::sentinel("tls_trusted_certificate=$::Dir/other.crt")
+--- config eval: $::Config
+--- request
+POST /t
+--- more_headers
+Idempotency-Key: tls-sentinel-2
+--- error_code: 503
+--- wait: 1
+--- error_log
+TLS certificate verify failed
+--- no_error_log
+EXEC
+
+
+
+=== TEST 15: Cluster over TLS: nginx starts (a request that needs no Redis)
+--- http_config eval: main::cluster("tls_trusted_certificate=$::Dir/ca.crt")
+--- config eval: $::Config
+--- request
+GET /ping
+--- error_code: 200
+
+
+
+=== TEST 16: ... the slot map names the node's TLS port: a record is claimed and stored there
+--- init
+main::warm('warm-cluster') or die "the cluster is not reached over TLS\n";
+--- request
+POST /t
+--- more_headers
+Idempotency-Key: tls-cluster
+--- error_code: 201
+--- grep_error_log: EXEC POST /backend tls-cluster
+--- grep_error_log_out
+EXEC POST /backend tls-cluster
+
+
+
+=== TEST 17: ... and its retry is replayed (the log of this nginx shows one run)
+--- request
+POST /t
+--- more_headers
+Idempotency-Key: tls-cluster
+--- error_code: 201
+--- response_headers
+Idempotent-Replayed: true
+--- grep_error_log: EXEC POST /backend tls-cluster
+--- grep_error_log_out
+EXEC POST /backend tls-cluster
+
+
+
+=== TEST 18: tls_* options without tls are refused
 --- http_config
     idempotency_redis 127.0.0.1:6379 tls_verify=off;
 --- config
@@ -341,7 +523,7 @@ EXEC
 
 
 
-=== TEST 12: tls on a unix socket is refused
+=== TEST 19: tls on a unix socket is refused
 --- http_config
     idempotency_redis unix:/tmp/redis.sock tls;
 --- config
@@ -351,7 +533,7 @@ EXEC
 
 
 
-=== TEST 13: a key without a certificate is refused
+=== TEST 20: a key without a certificate is refused
 --- http_config eval
 "idempotency_redis 127.0.0.1:6379 tls tls_certificate_key=$::Dir/client.key;"
 --- config
@@ -361,7 +543,7 @@ EXEC
 
 
 
-=== TEST 14: a certificate without its key is refused
+=== TEST 21: a certificate without its key is refused
 --- http_config eval
 "idempotency_redis 127.0.0.1:6379 tls tls_certificate=$::Dir/client.crt;"
 --- config
@@ -371,7 +553,7 @@ EXEC
 
 
 
-=== TEST 15: a missing CA file is named
+=== TEST 22: a missing CA file is named
 --- http_config eval
 "idempotency_redis 127.0.0.1:6379 tls tls_trusted_certificate=$::Dir/nothing.crt;"
 --- config
@@ -381,7 +563,7 @@ qr/\Q$::Dir\E\/nothing\.crt/
 
 
 
-=== TEST 16: a missing client certificate is named
+=== TEST 23: a missing client certificate is named
 --- http_config eval
 "idempotency_redis 127.0.0.1:6379 tls tls_certificate=$::Dir/none.crt tls_certificate_key=$::Dir/client.key;"
 --- config
@@ -391,7 +573,7 @@ qr/\Q$::Dir\E\/none\.crt/
 
 
 
-=== TEST 17: tls_verify takes on or off
+=== TEST 24: tls_verify takes on or off
 --- http_config
     idempotency_redis 127.0.0.1:6379 tls tls_verify=maybe;
 --- config
