@@ -94,7 +94,7 @@ BEGIN {
 
     my $wait = sub {
         my ($port, $cmd, $want) = @_;
-        for (1 .. 200) {
+        for (1 .. 600) {
             return 1 if `redis-cli -p $port $cmd 2>/dev/null` =~ $want;
             select(undef, undef, undef, 0.05);
         }
@@ -121,7 +121,7 @@ BEGIN {
                                    '--sentinel', '--tls-auth-clients', 'no',
                                    '--tls-replication', 'yes')
             if $Port{master};
-        $Why = 'no Sentinel over TLS'
+        die "the TLS sentinel did not start or name its master in 30 s\n"
             unless $Port{sentinel}
             && $wait->($sp, 'SENTINEL get-master-addr-by-name tlsmaster',
                        qr/^$Port{master}$/m);
@@ -136,7 +136,7 @@ BEGIN {
                                   "$Dir/nodes-$cp.conf",
                                   '--tls-cluster', 'yes',
                                   '--tls-auth-clients', 'no');
-        $Why = 'no Cluster over TLS'
+        die "the TLS Cluster node did not start or take the slots\n"
             unless $Port{cluster}
             && `redis-cli -p $cp CLUSTER ADDSLOTSRANGE 0 16383` =~ /OK/
             && $wait->($cp, 'CLUSTER INFO', qr/cluster_state:ok/);
@@ -237,6 +237,14 @@ our $Config = qq{
     }
 };
 
+# closes every client connection of a server (over TLS, with redis-cli)
+sub kill_clients {
+    my ($server) = @_;
+    my $out = `redis-cli --tls --cacert '$Dir/ca.crt' -p $Port{$server} \\
+               -a tls-secret --no-auth-warning CLIENT KILL TYPE normal 2>&1`;
+    die "CLIENT KILL: $out" unless $out =~ /^\d+$/m;
+}
+
 # POSTs a warm-up key until it gets 201: the first requests after a start
 # may come before a worker has asked the sentinel or the slot map
 sub warm {
@@ -313,7 +321,29 @@ Idempotent-Replayed: true
 
 
 
-=== TEST 4: a server certificate from another CA: the store-error answer, the reason logged
+=== TEST 4: a TLS session is resumed when the connection is opened again: nginx starts
+--- http_config eval: main::redis('pw', $::Pw)
+--- config eval: $::Config
+--- request
+GET /ping
+--- error_code: 200
+
+
+
+=== TEST 5: ... Redis drops the connection (CLIENT KILL), the reconnect resumes the session
+--- init
+main::warm('warm-resume-1') or die "Redis is not reached over TLS\n";
+main::kill_clients('pw');
+main::warm('warm-resume-2') or die "Redis is not reached again over TLS\n";
+--- request
+GET /ping
+--- error_code: 200
+--- error_log eval
+qr/idempotency redis: tls up, fd:\d+, resumed session/
+
+
+
+=== TEST 6: a server certificate from another CA: the store-error answer, the reason logged
 --- http_config eval: main::redis('pw', "password=tls-secret tls_trusted_certificate=$::Dir/other.crt")
 --- config eval: $::Config
 --- request
@@ -328,7 +358,7 @@ EXEC
 
 
 
-=== TEST 5: a certificate for another name: the store-error answer, "hostname mismatch" logged
+=== TEST 7: a certificate for another name: the store-error answer, "hostname mismatch" logged
 --- http_config eval: main::redis('pw', "$::Pw tls_server_name=other.test")
 --- config eval: $::Config
 --- request
@@ -343,7 +373,7 @@ EXEC
 
 
 
-=== TEST 6: tls_verify=off accepts the certificate of another CA and name
+=== TEST 8: tls_verify=off accepts the certificate of another CA and name
 --- http_config eval: main::redis('pw', "password=tls-secret tls_trusted_certificate=$::Dir/other.crt tls_server_name=other.test tls_verify=off")
 --- config eval: $::Config
 --- request
@@ -358,7 +388,7 @@ Idempotent-Replayed: true
 
 
 
-=== TEST 7: a server that wants a client certificate gets it
+=== TEST 9: a server that wants a client certificate gets it
 --- http_config eval: main::redis('mtls', $::Mtls)
 --- config eval: $::Config
 --- request
@@ -374,7 +404,7 @@ EXEC POST /backend tls-7
 
 
 
-=== TEST 8: without a client certificate that server drops the connection: 503
+=== TEST 10: without a client certificate that server drops the connection: 503
 --- http_config eval: main::redis('mtls', "tls_trusted_certificate=$::Dir/ca.crt")
 --- config eval: $::Config
 --- request
@@ -389,7 +419,7 @@ EXEC
 
 
 
-=== TEST 9: a 3 MiB response is stored over TLS (both connections)
+=== TEST 11: a 3 MiB response is stored over TLS (both connections)
 --- http_config eval: main::redis('mtls', $::Mtls)
 --- config eval: $::Config
 --- request
@@ -406,7 +436,7 @@ EXEC GET /files/big.bin
 
 
 
-=== TEST 10: ... and replayed byte for byte
+=== TEST 12: ... and replayed byte for byte
 --- http_config eval: main::redis('mtls', $::Mtls)
 --- config eval: $::Config
 --- request
@@ -423,7 +453,7 @@ EXEC
 
 
 
-=== TEST 11: Sentinel over TLS: nginx starts (a request that needs no Redis)
+=== TEST 13: Sentinel over TLS: nginx starts (a request that needs no Redis)
 --- http_config eval: main::sentinel("tls_trusted_certificate=$::Dir/ca.crt")
 --- config eval: $::Config
 --- request
@@ -432,7 +462,7 @@ GET /ping
 
 
 
-=== TEST 12: ... the sentinel names the master, over TLS both, verified: a record is claimed and stored
+=== TEST 14: ... the sentinel names the master, over TLS both, verified: a record is claimed and stored
 --- init
 main::warm('warm-sentinel') or die "the master is not reached over TLS\n";
 --- request
@@ -446,7 +476,7 @@ EXEC POST /backend tls-sentinel
 
 
 
-=== TEST 13: ... and its retry is replayed (the log of this nginx shows one run)
+=== TEST 15: ... and its retry is replayed (the log of this nginx shows one run)
 --- request
 POST /t
 --- more_headers
@@ -460,7 +490,7 @@ EXEC POST /backend tls-sentinel
 
 
 
-=== TEST 14: Sentinel over TLS with another CA: the sentinel is not trusted, 503
+=== TEST 16: Sentinel over TLS with another CA: the sentinel is not trusted, 503
 --- http_config eval: main::sentinel("tls_trusted_certificate=$::Dir/other.crt")
 --- config eval: $::Config
 --- request
@@ -476,7 +506,7 @@ EXEC
 
 
 
-=== TEST 15: Cluster over TLS: nginx starts (a request that needs no Redis)
+=== TEST 17: Cluster over TLS: nginx starts (a request that needs no Redis)
 --- http_config eval: main::cluster("tls_trusted_certificate=$::Dir/ca.crt")
 --- config eval: $::Config
 --- request
@@ -485,7 +515,7 @@ GET /ping
 
 
 
-=== TEST 16: ... the slot map names the node's TLS port: a record is claimed and stored there
+=== TEST 18: ... the slot map names the node's TLS port: a record is claimed and stored there
 --- init
 main::warm('warm-cluster') or die "the cluster is not reached over TLS\n";
 --- request
@@ -499,7 +529,7 @@ EXEC POST /backend tls-cluster
 
 
 
-=== TEST 17: ... and its retry is replayed (the log of this nginx shows one run)
+=== TEST 19: ... and its retry is replayed (the log of this nginx shows one run)
 --- request
 POST /t
 --- more_headers
@@ -513,7 +543,7 @@ EXEC POST /backend tls-cluster
 
 
 
-=== TEST 18: tls_* options without tls are refused
+=== TEST 20: tls_* options without tls are refused
 --- http_config
     idempotency_redis 127.0.0.1:6379 tls_verify=off;
 --- config
@@ -523,7 +553,7 @@ EXEC POST /backend tls-cluster
 
 
 
-=== TEST 19: tls on a unix socket is refused
+=== TEST 21: tls on a unix socket is refused
 --- http_config
     idempotency_redis unix:/tmp/redis.sock tls;
 --- config
@@ -533,7 +563,7 @@ EXEC POST /backend tls-cluster
 
 
 
-=== TEST 20: a key without a certificate is refused
+=== TEST 22: a key without a certificate is refused
 --- http_config eval
 "idempotency_redis 127.0.0.1:6379 tls tls_certificate_key=$::Dir/client.key;"
 --- config
@@ -543,7 +573,7 @@ EXEC POST /backend tls-cluster
 
 
 
-=== TEST 21: a certificate without its key is refused
+=== TEST 23: a certificate without its key is refused
 --- http_config eval
 "idempotency_redis 127.0.0.1:6379 tls tls_certificate=$::Dir/client.crt;"
 --- config
@@ -553,7 +583,7 @@ EXEC POST /backend tls-cluster
 
 
 
-=== TEST 22: a missing CA file is named
+=== TEST 24: a missing CA file is named
 --- http_config eval
 "idempotency_redis 127.0.0.1:6379 tls tls_trusted_certificate=$::Dir/nothing.crt;"
 --- config
@@ -563,7 +593,7 @@ qr/\Q$::Dir\E\/nothing\.crt/
 
 
 
-=== TEST 23: a missing client certificate is named
+=== TEST 25: a missing client certificate is named
 --- http_config eval
 "idempotency_redis 127.0.0.1:6379 tls tls_certificate=$::Dir/none.crt tls_certificate_key=$::Dir/client.key;"
 --- config
@@ -573,7 +603,7 @@ qr/\Q$::Dir\E\/none\.crt/
 
 
 
-=== TEST 24: tls_verify takes on or off
+=== TEST 26: tls_verify takes on or off
 --- http_config
     idempotency_redis 127.0.0.1:6379 tls tls_verify=maybe;
 --- config
