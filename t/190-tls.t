@@ -14,6 +14,14 @@
 
 our ($Dir, %Port, @Pids, $Why, $Main);
 
+# before BEGIN: it stops the servers even when BEGIN dies
+END {
+    if (defined $Main && $$ == $Main) {
+        kill 'TERM', @Pids;
+        waitpid($_, 0) for @Pids;
+    }
+}
+
 BEGIN {
     use File::Spec ();
     use File::Temp ();
@@ -145,13 +153,6 @@ BEGIN {
     if ($Why) {
         require Test::More;
         Test::More::plan(skip_all => $Why);
-    }
-}
-
-END {
-    if (defined $Main && $$ == $Main) {
-        kill 'TERM', @Pids;
-        waitpid($_, 0) for @Pids;
     }
 }
 
