@@ -76,9 +76,6 @@ static void ngx_http_idempotency_redis_node_write_handler(ngx_event_t *wev);
 static ngx_connection_t *ngx_http_idempotency_redis_node_attach(
     ngx_http_idempotency_redis_node_t *node, redisAsyncContext *ac,
     const char *host);
-#if (NGX_SSL)
-static void ngx_http_idempotency_redis_save_session(ngx_connection_t *c);
-#endif
 
 
 /* the connection whose write handler runs: hiredis asking again means EAGAIN */
@@ -248,7 +245,7 @@ ngx_http_idempotency_redis_node_attach(ngx_http_idempotency_redis_node_t *node,
                            rcf->mode == NGX_HTTP_IDEMPOTENCY_REDIS_SINGLE
                            ? NULL : host,
                            node->tls_session,
-                           ngx_http_idempotency_redis_save_session,
+                           ngx_http_idempotency_redis_tls_save_session,
                            node->log);
         if (c) {
             c->read->handler = ngx_http_idempotency_redis_read_handler;
@@ -270,33 +267,6 @@ ngx_http_idempotency_redis_node_attach(ngx_http_idempotency_redis_node_t *node,
 }
 
 
-#if (NGX_SSL)
-
-/* the session of the last handshake, to resume on the next connect */
-
-static void
-ngx_http_idempotency_redis_save_session(ngx_connection_t *c)
-{
-    redisAsyncContext                  *ac;
-    ngx_ssl_session_t                  *session;
-    ngx_http_idempotency_redis_node_t  *node;
-
-    ac = c->data;
-    node = ac->data;
-
-    session = ngx_ssl_get_session(c);
-    if (session == NULL) {
-        return;
-    }
-
-    if (node->tls_session) {
-        ngx_ssl_free_session(node->tls_session);
-    }
-
-    node->tls_session = session;
-}
-
-#endif
 
 
 static void
@@ -1122,16 +1092,7 @@ ngx_http_idempotency_redis_read_handler(ngx_event_t *rev)
         node->last_read = ngx_current_msec;
     }
 
-#if (NGX_SSL)
-    if (c->ssl) {
-        ngx_http_idempotency_redis_tls_read(c);
-        return;
-    }
-#endif
-
-    /* one chunk of at most 16 KiB; see EVENT_FLAGS for the rest */
-
-    redisAsyncHandleRead(ac);
+    ngx_http_idempotency_redis_handle_read(c);
 }
 
 
@@ -1147,6 +1108,8 @@ ngx_http_idempotency_redis_handle_read(ngx_connection_t *c)
     }
 #endif
 
+    /* one chunk of at most 16 KiB; see EVENT_FLAGS for the rest */
+
     redisAsyncHandleRead(c->data);
 }
 
@@ -1157,13 +1120,6 @@ ngx_http_idempotency_redis_write_handler(ngx_event_t *wev)
     ngx_connection_t  *c;
 
     c = wev->data;
-
-#if (NGX_SSL)
-    if (c->ssl) {
-        ngx_http_idempotency_redis_tls_write(c);
-        return;
-    }
-#endif
 
     ngx_http_idempotency_redis_writing = c;
     redisAsyncHandleWrite(c->data);
@@ -1188,19 +1144,17 @@ ngx_http_idempotency_redis_node_write_handler(ngx_event_t *wev)
     if (c->ssl) {
         ngx_http_idempotency_redis_tls_write(c);
 
-        if (node->ac == ac && ac->c.obuf && sdslen(ac->c.obuf) == 0
-            && ngx_http_idempotency_redis_tls_flushed(c))
-        {
-            node->flushed_seq = node->queued_seq;
+        if (node->ac == ac && !ngx_http_idempotency_redis_tls_flushed(c)) {
+            return;
         }
 
-        return;
-    }
+    } else
 #endif
-
-    ngx_http_idempotency_redis_writing = c;
-    redisAsyncHandleWrite(ac);
-    ngx_http_idempotency_redis_writing = NULL;
+    {
+        ngx_http_idempotency_redis_writing = c;
+        redisAsyncHandleWrite(ac);
+        ngx_http_idempotency_redis_writing = NULL;
+    }
 
     /* every command handed to hiredis so far is on its way to Redis */
 

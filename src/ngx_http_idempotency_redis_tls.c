@@ -16,6 +16,7 @@
 
 #include <hiredis/sds.h>
 
+#include "ngx_http_idempotency_redis_node.h"
 #include "ngx_http_idempotency_redis_tls.h"
 
 
@@ -861,6 +862,31 @@ ngx_http_idempotency_redis_tls_fail(ngx_connection_t *c, int err,
     }
 
     redisAsyncFree(ac);
+}
+
+
+/* a node keeps the session of its last handshake for its next connect */
+
+void
+ngx_http_idempotency_redis_tls_save_session(ngx_connection_t *c)
+{
+    redisAsyncContext                  *ac;
+    ngx_ssl_session_t                  *session;
+    ngx_http_idempotency_redis_node_t  *node;
+
+    ac = c->data;
+    node = ac->data;
+
+    session = ngx_ssl_get_session(c);
+    if (session == NULL) {
+        return;
+    }
+
+    if (node->tls_session) {
+        ngx_ssl_free_session(node->tls_session);
+    }
+
+    node->tls_session = session;
 }
 
 

@@ -58,6 +58,9 @@ ngx_connection_t *ngx_http_idempotency_redis_tls_attach(
     const char *name, ngx_ssl_session_t *session,
     ngx_connection_handler_pt save, ngx_log_t *log);
 
+/* save_session of a node's connection: the node resumes it next time */
+void ngx_http_idempotency_redis_tls_save_session(ngx_connection_t *c);
+
 /* the connection's read and write events; the context may be freed */
 void ngx_http_idempotency_redis_tls_read(ngx_connection_t *c);
 void ngx_http_idempotency_redis_tls_write(ngx_connection_t *c);
