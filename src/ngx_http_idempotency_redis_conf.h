@@ -27,6 +27,8 @@ typedef struct ngx_http_idempotency_cluster_s
     ngx_http_idempotency_cluster_t;
 typedef struct ngx_http_idempotency_redis_topology_s
     ngx_http_idempotency_redis_topology_t;
+typedef struct ngx_http_idempotency_redis_tls_s
+    ngx_http_idempotency_redis_tls_t;
 
 
 /* one "idempotency_redis" directive; identical directives share one */
@@ -46,6 +48,7 @@ typedef struct {
     ngx_msec_t                           connect_timeout;
     ngx_msec_t                           timeout;
     ngx_str_t                            prefix;
+    ngx_http_idempotency_redis_tls_t    *tls;      /* NULL: plain */
 
     /*
      * "resolve": the workers resolve host names with the resolver of

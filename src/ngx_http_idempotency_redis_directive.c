@@ -11,6 +11,7 @@
 
 #include "ngx_http_idempotency_redis_directive.h"
 #include "ngx_http_idempotency_redis_topology.h"
+#include "ngx_http_idempotency_redis_tls.h"
 
 
 static char *ngx_http_idempotency_redis_sentinel_check(ngx_conf_t *cf,
@@ -30,6 +31,7 @@ ngx_http_idempotency_redis_conf_parse(ngx_conf_t *cf, ngx_command_t *cmd,
     ngx_str_t *text, ngx_http_idempotency_redis_conf_t **out)
 {
     char                               *rv;
+    ngx_int_t                           rc;
     ngx_str_t                          *value;
     ngx_uint_t                          i, cluster, named;
     ngx_addr_t                         *addr;
@@ -80,6 +82,16 @@ ngx_http_idempotency_redis_conf_parse(ngx_conf_t *cf, ngx_command_t *cmd,
     named = rcf->resolve && !cluster;
 
     for (i = 1; i < cf->args->nelts; i++) {
+
+        rc = ngx_http_idempotency_redis_tls_option(cf, cmd, rcf, &value[i]);
+
+        if (rc == NGX_ERROR) {
+            return NGX_CONF_ERROR;
+        }
+
+        if (rc == NGX_OK) {
+            continue;
+        }
 
         if (ngx_strlchr(value[i].data, value[i].data + value[i].len, '=')
             != NULL
@@ -165,6 +177,10 @@ ngx_http_idempotency_redis_conf_parse(ngx_conf_t *cf, ngx_command_t *cmd,
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "\"%V\" directive: \"user=\" needs \"password=\"",
                            &cmd->name);
+        return NGX_CONF_ERROR;
+    }
+
+    if (ngx_http_idempotency_redis_tls_check(cf, cmd, rcf) != NGX_CONF_OK) {
         return NGX_CONF_ERROR;
     }
 

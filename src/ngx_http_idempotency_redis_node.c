@@ -15,6 +15,7 @@
 #include <hiredis/sds.h>
 
 #include "ngx_http_idempotency_redis_node.h"
+#include "ngx_http_idempotency_redis_tls.h"
 #include "ngx_http_idempotency_stats.h"
 
 
@@ -72,6 +73,9 @@ static void ngx_http_idempotency_redis_cleanup(void *privdata);
 static void ngx_http_idempotency_redis_read_handler(ngx_event_t *rev);
 static void ngx_http_idempotency_redis_write_handler(ngx_event_t *wev);
 static void ngx_http_idempotency_redis_node_write_handler(ngx_event_t *wev);
+static ngx_connection_t *ngx_http_idempotency_redis_node_attach(
+    ngx_http_idempotency_redis_node_t *node, redisAsyncContext *ac,
+    const char *host);
 
 
 /* the connection whose write handler runs: hiredis asking again means EAGAIN */
@@ -209,10 +213,60 @@ ngx_http_idempotency_redis_node_exit(ngx_http_idempotency_redis_node_t *node)
 
     ngx_http_idempotency_redis_close(node);
 
+#if (NGX_SSL)
+    if (node->tls_session) {
+        ngx_ssl_free_session(node->tls_session);
+        node->tls_session = NULL;
+    }
+#endif
+
     if (ngx_http_idempotency_redis_upcalls) {
         ngx_http_idempotency_redis_upcalls->exit(node);
     }
 }
+
+
+/* plain or TLS, with the node's handlers */
+
+static ngx_connection_t *
+ngx_http_idempotency_redis_node_attach(ngx_http_idempotency_redis_node_t *node,
+    redisAsyncContext *ac, const char *host)
+{
+    ngx_connection_t                   *c;
+    ngx_http_idempotency_redis_conf_t  *rcf;
+
+    rcf = node->conf;
+
+#if (NGX_SSL)
+    if (rcf->tls) {
+        /* a single server is checked against its name as configured */
+
+        c = ngx_http_idempotency_redis_tls_attach(ac, rcf->tls,
+                           rcf->mode == NGX_HTTP_IDEMPOTENCY_REDIS_SINGLE
+                           ? NULL : host,
+                           node->tls_session,
+                           ngx_http_idempotency_redis_tls_save_session,
+                           node->log);
+        if (c) {
+            c->read->handler = ngx_http_idempotency_redis_read_handler;
+        }
+
+    } else
+#endif
+    {
+        (void) rcf;
+        (void) host;
+        c = ngx_http_idempotency_redis_attach(ac, node->log);
+    }
+
+    if (c) {
+        c->write->handler = ngx_http_idempotency_redis_node_write_handler;
+    }
+
+    return c;
+}
+
+
 
 
 static void
@@ -248,13 +302,16 @@ ngx_http_idempotency_redis_connect(ngx_http_idempotency_redis_node_t *node)
             return;
         }
 
-        ac = redisAsyncConnect(host, port);
+    } else {
+        host = (const char *) node->host.data;
+        port = node->port;
+    }
 
-    } else if (rcf->unix_path.len) {
+    if (rcf->unix_path.len) {
         ac = redisAsyncConnectUnix((const char *) rcf->unix_path.data);
 
     } else {
-        ac = redisAsyncConnect((const char *) node->host.data, node->port);
+        ac = redisAsyncConnect(host, port);
     }
 
     if (ac == NULL) {
@@ -271,7 +328,7 @@ ngx_http_idempotency_redis_connect(ngx_http_idempotency_redis_node_t *node)
         return;
     }
 
-    c = ngx_http_idempotency_redis_attach(ac, node->log);
+    c = ngx_http_idempotency_redis_node_attach(node, ac, host);
     if (c == NULL) {
         ngx_http_idempotency_redis_failure(node, "connect failed",
                                            "no free worker connection");
@@ -280,7 +337,6 @@ ngx_http_idempotency_redis_connect(ngx_http_idempotency_redis_node_t *node)
     }
 
     ac->data = node;
-    c->write->handler = ngx_http_idempotency_redis_node_write_handler;
 
     node->ac = ac;
     node->state = NGX_HTTP_IDEMPOTENCY_REDIS_CONNECTING;
@@ -1036,9 +1092,25 @@ ngx_http_idempotency_redis_read_handler(ngx_event_t *rev)
         node->last_read = ngx_current_msec;
     }
 
+    ngx_http_idempotency_redis_handle_read(c);
+}
+
+
+/* a read event of a connection whose read handler is someone else's */
+
+void
+ngx_http_idempotency_redis_handle_read(ngx_connection_t *c)
+{
+#if (NGX_SSL)
+    if (c->ssl) {
+        ngx_http_idempotency_redis_tls_read(c);
+        return;
+    }
+#endif
+
     /* one chunk of at most 16 KiB; see EVENT_FLAGS for the rest */
 
-    redisAsyncHandleRead(ac);
+    redisAsyncHandleRead(c->data);
 }
 
 
@@ -1068,9 +1140,21 @@ ngx_http_idempotency_redis_node_write_handler(ngx_event_t *wev)
     ac = c->data;
     node = ac->data;
 
-    ngx_http_idempotency_redis_writing = c;
-    redisAsyncHandleWrite(ac);
-    ngx_http_idempotency_redis_writing = NULL;
+#if (NGX_SSL)
+    if (c->ssl) {
+        ngx_http_idempotency_redis_tls_write(c);
+
+        if (node->ac == ac && !ngx_http_idempotency_redis_tls_flushed(c)) {
+            return;
+        }
+
+    } else
+#endif
+    {
+        ngx_http_idempotency_redis_writing = c;
+        redisAsyncHandleWrite(ac);
+        ngx_http_idempotency_redis_writing = NULL;
+    }
 
     /* every command handed to hiredis so far is on its way to Redis */
 

@@ -107,6 +107,9 @@ struct ngx_http_idempotency_redis_node_s {
 
     ngx_event_t                          connect_timer;
     ngx_event_t                          reconnect_timer;
+#if (NGX_SSL)
+    ngx_ssl_session_t                   *tls_session; /* to resume */
+#endif
 
     const ngx_http_idempotency_redis_place_t  *place;
     void                                *place_data;
@@ -208,6 +211,9 @@ int ngx_http_idempotency_redis_auth_args(ngx_str_t *user,
  */
 ngx_connection_t *ngx_http_idempotency_redis_attach(redisAsyncContext *ac,
     ngx_log_t *log);
+
+/* for such a connection's own read handler: hiredis reads (plain or TLS) */
+void ngx_http_idempotency_redis_handle_read(ngx_connection_t *c);
 
 
 #endif /* _NGX_HTTP_IDEMPOTENCY_REDIS_NODE_H_INCLUDED_ */

@@ -12,6 +12,7 @@
 #include <ngx_http.h>
 
 #include "ngx_http_idempotency_sentinel.h"
+#include "ngx_http_idempotency_redis_tls.h"
 
 
 /* a lost subscription is made again after this */
@@ -948,6 +949,9 @@ ngx_http_idempotency_sentinel_connect(ngx_http_idempotency_sentinel_t *s,
     ngx_connection_t                   *c;
     redisAsyncContext                  *ac;
     ngx_http_idempotency_redis_conf_t  *rcf;
+#if (NGX_SSL)
+    ngx_str_t                          *names;
+#endif
 
     rcf = s->conf;
 
@@ -968,7 +972,22 @@ ngx_http_idempotency_sentinel_connect(ngx_http_idempotency_sentinel_t *s,
         return NULL;
     }
 
-    c = ngx_http_idempotency_redis_attach(ac, s->log);
+#if (NGX_SSL)
+    if (rcf->tls) {
+        /* a sentinel is checked against its name as configured */
+
+        names = rcf->tls->names.elts;
+
+        c = ngx_http_idempotency_redis_tls_attach(ac, rcf->tls,
+                                  (const char *) names[addr - s->addrs].data,
+                                  NULL, NULL, s->log);
+
+    } else
+#endif
+    {
+        c = ngx_http_idempotency_redis_attach(ac, s->log);
+    }
+
     if (c == NULL) {
         ngx_log_error(NGX_LOG_ERR, s->log, 0,
                       "idempotency sentinel: %V: no free worker connection",
@@ -1026,7 +1045,7 @@ ngx_http_idempotency_sentinel_query_read(ngx_event_t *rev)
         return;
     }
 
-    redisAsyncHandleRead(ac);
+    ngx_http_idempotency_redis_handle_read(c);
 }
 
 
@@ -1054,7 +1073,7 @@ ngx_http_idempotency_sentinel_sub_read(ngx_event_t *rev)
         return;
     }
 
-    redisAsyncHandleRead(ac);
+    ngx_http_idempotency_redis_handle_read(c);
 }
 
 

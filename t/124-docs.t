@@ -295,6 +295,10 @@ sub check_block {
     my $loads = "load_module $module;\n";
     $text =~ s/^\s*load_module\s+[^;]+;\s*$//mg;
     $text =~ s/\b(ssl_certificate(?:_key)?)\s+\S+?\.(pem|key|crt);/"$1 $tmp\/test." . ($1 =~ m{_key} ? 'key' : 'pem') . ';'/ge;
+    $text =~ s{\btls_(trusted_certificate|certificate)=\S+?\.(?:pem|crt)\b}
+              {tls_$1=$tmp/test.pem}g;
+    $text =~ s{\btls_certificate_key=\S+?\.key\b}
+              {tls_certificate_key=$tmp/test.key}g;
     $text =~ s{\b(access_log|error_log)\s+/[^\s;]+}{$1 $tmp/log}g;
     my $redis = $text =~ /\bidempotency_redis\b/
         ? '' : "idempotency_redis 127.0.0.1:6379;\n";
