@@ -13,13 +13,17 @@
 set -eu
 . "$(dirname "$0")/lib.sh"
 
+# the checkout's own build/redis/, also when called from the ASan tree's
+# mirror (build/asan/scripts is a link here): one build for every run
+SERVERS=$(cd -P "$(dirname "$0")/.." && pwd)/build/redis
+
 build_one() {
     local name=$1 dir src tarball bin
     case $name in
         valkey-*|redis-*) ;;
         *) name=redis-$name ;;
     esac
-    dir=$ROOT/build/redis/$name
+    dir=$SERVERS/$name
     case $name in
         valkey-*) bin=valkey-server ;;
         *) bin=redis-server ;;
@@ -40,7 +44,7 @@ build_one() {
     # (hiredis, lua, hdr_histogram ...) through .make-prerequisites
     # (GIT_CEILING_DIRECTORIES: the version header's git sha must not be
     # this repository's)
-    GIT_CEILING_DIRECTORIES=$ROOT/build/redis \
+    GIT_CEILING_DIRECTORIES=$SERVERS \
     make -C "$src/src" -j"${JOBS:-2}" BUILD_TLS=yes MALLOC=libc "$bin" \
         > "$dir/build.log" 2>&1 \
         || { tail -n 30 "$dir/build.log" >&2; die "$name: build failed" \
