@@ -173,7 +173,7 @@ __DATA__
 --- http_config eval: $::HttpConfig
 --- config eval: $::Config
 --- init
-return if !$ENV{TEST_NGINX_REDIS_CTL};
+return if !$ENV{TEST_NGINX_REDIS_CTL} || main::redis_older(6, 2);
 my $n = length $::Body;
 
 # the second server's Redis connection is up (a 503 until it is)
@@ -237,7 +237,7 @@ GET /b/ok
 --- http_config eval: $::HttpConfig
 --- config eval: $::Config
 --- init
-return if !$ENV{TEST_NGINX_REDIS_CTL};
+return if !$ENV{TEST_NGINX_REDIS_CTL} || main::redis_older(6, 2);
 my $n = length $::Body;
 my $first = main::post($ENV{TEST_NGINX_SERVER_PORT}, '/send-timeout', 'k2');
 main::upstream(sub {
