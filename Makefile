@@ -17,6 +17,10 @@ FUZZ_SECONDS  ?= 60
 # and the module against it (HIREDIS_INC/HIREDIS_LIB, as config reads them).
 NGINX_VERSION ?=
 HIREDIS       ?=
+# REDIS=6.0.20 (6.2.16, 7.2.6, valkey-8.0.1): the tests run that server,
+# built once from SHARED_DIR/redis/ into build/redis/<name>/ (by
+# scripts/redis-servers.sh) and put first on PATH; default: Debian's
+REDIS         ?=
 SHARED_DIR    ?= $(abspath $(CURDIR)/..)/shared
 # Test::Nginx to run the suite with (a lib/ directory): by default the one
 # Perl finds, else the bundled t/runner; TEST_NGINX_LIB=shared uses the copy
@@ -42,7 +46,7 @@ BUILD_DIR := $(CURDIR)/$(B)
 NGINX_BINARY := $(if $(filter build-module,$(MAKECMDGOALS)),no,yes)
 
 export NGINX_SRC NGINX_BIN CC_OPT LD_OPT PORT UPSTREAM_PORT REDIS_PORT \
-       TESTS PROVE_FLAGS FUZZ_SECONDS NGINX_VERSION HIREDIS SHARED_DIR \
+       TESTS PROVE_FLAGS FUZZ_SECONDS NGINX_VERSION HIREDIS REDIS SHARED_DIR \
        HIREDIS_INC HIREDIS_LIB BUILD_DIR TEST_NGINX_LIB NGINX_BINARY
 
 MODULE := $(B)/ngx_http_idempotency_module.so
@@ -132,6 +136,12 @@ fuzz: build
 lint: build
 	@scripts/lint.sh
 
+# REDIS_SERVERS="6.0.20 valkey-8.0.1": build those servers in build/redis/
+REDIS_SERVERS ?= 6.0.20 6.2.16 7.2.6 valkey-8.0.1
+.PHONY: redis-servers
+redis-servers:
+	@scripts/redis-servers.sh $(REDIS_SERVERS)
+
 # the Debian package, built in build/deb/ (debian/, dh_nginx)
 deb: setup
 	@scripts/deb.sh
@@ -167,9 +177,12 @@ help:
 	@echo '                    in build/nginx-1.30.4/ (also for make build)'
 	@echo '    HIREDIS=1.4.1   ... with the module built against that hiredis'
 	@echo '    TEST_NGINX_LIB=shared  ... under the real Test::Nginx in ../shared'
+	@echo '    REDIS=6.0.20    ... against that Redis (6.2.16, 7.2.6, valkey-8.0.1),'
+	@echo '                    built once from ../shared/redis/ in build/redis/'
 	@echo 'make test-valgrind  the same with nginx under valgrind memcheck'
 	@echo 'make test-asan      the same with the module built with AddressSanitizer'
 	@echo '                    (in build/asan/) and nginx under LD_PRELOAD=libasan'
+	@echo 'make redis-servers  build the servers of the matrix in build/redis/'
 	@echo 'make fuzz           libFuzzer on the key, stored-record and claim-reply'
 	@echo '                    parsers, FUZZ_SECONDS (60) each; fails on a crash'
 	@echo 'make lint           style (80 columns, tabs, trailing space, //), cppcheck'

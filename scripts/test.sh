@@ -9,6 +9,9 @@
 #   TEST_NGINX_REDIS_CTL     scripts/redis-ctl.sh (start|stop|kill|restart|cli)
 #   TEST_NGINX_REDIS_CONF    its configuration; TEST_NGINX_REDIS_PIDFILE its pid
 #   TEST_NGINX_LOAD_MODULES, TEST_NGINX_BINARY, TEST_NGINX_SERVROOT
+# REDIS=6.0.20 (make test REDIS=...): that server (scripts/redis-servers.sh
+# builds it once) comes first on PATH, for every redis-server the tests
+# start; redis-cli stays Debian's.
 set -eu
 . "$(dirname "$0")/lib.sh"
 cd "$ROOT"
@@ -123,6 +126,11 @@ prove_tests() {
     tests=(${TESTS:-t/*.t})
     [ -e "${tests[0]}" ] || { echo "test: no tests in ${TESTS:-t/*.t}"; return 1; }
 
+    if [ -n "${REDIS:-}" ]; then
+        PATH=$("$ROOT/scripts/redis-servers.sh" "$REDIS"):$PATH
+        export PATH
+    fi
+    echo "test: $(command -v redis-server): $(redis-server --version)"
     redis_conf
     export TEST_NGINX_REDIS_CONF=$out/redis.conf
     export TEST_NGINX_REDIS_PIDFILE=$out/redis.pid

@@ -77,6 +77,9 @@ static ngx_http_idempotency_redis_op_t *ngx_http_idempotency_redis_send(
 static const char *ngx_http_idempotency_redis_load_check(
     ngx_http_idempotency_redis_node_t *node, redisReply *reply,
     ngx_http_idempotency_redis_step_t *step);
+static const char *ngx_http_idempotency_redis_hello_check(
+    ngx_http_idempotency_redis_node_t *node, redisReply *reply,
+    ngx_http_idempotency_redis_step_t *step);
 
 
 /* the bytes in block i of a body's blocks after its first chunk ("more") */
@@ -87,38 +90,50 @@ static const char *ngx_http_idempotency_redis_load_check(
 
 /*
  * Per process: the shas are computed by each worker in init_process.  The
- * claim is Redis' own "SET key value NX GET PX ms" (Redis 7.0 or newer),
- * atomic alone and much cheaper for Redis than a script: no text, no sha.
+ * claim is Redis' own "SET key value NX GET PX ms" where the server takes
+ * it (Redis 7.0 or newer, Valkey), atomic alone and much cheaper for Redis
+ * than a script: no text, no sha.  Older servers (Redis 6.0, 6.2) get the
+ * claim script with the same key, args and reply; which one a node's
+ * server takes, its handshake's HELLO tells (hello_check).
  */
+static ngx_http_idempotency_redis_cmd_t  ngx_http_idempotency_redis_claim = {
+    "claim", ngx_http_idempotency_lua_claim,
+    sizeof(ngx_http_idempotency_lua_claim) - 1, "", NULL, NULL
+};
+
 static ngx_http_idempotency_redis_cmd_t
     ngx_http_idempotency_redis_scripts[NGX_HTTP_IDEMPOTENCY_SCRIPT_N] = {
 
-    { "claim", NULL, 0, "", "SET" },
+    { "claim", NULL, 0, "", "SET", &ngx_http_idempotency_redis_claim },
 
     { "store", ngx_http_idempotency_lua_store,
-      sizeof(ngx_http_idempotency_lua_store) - 1, "", NULL },
+      sizeof(ngx_http_idempotency_lua_store) - 1, "", NULL, NULL },
 
     { "release", ngx_http_idempotency_lua_release,
-      sizeof(ngx_http_idempotency_lua_release) - 1, "", NULL },
+      sizeof(ngx_http_idempotency_lua_release) - 1, "", NULL, NULL },
 
     { "renew", ngx_http_idempotency_lua_renew,
-      sizeof(ngx_http_idempotency_lua_renew) - 1, "", NULL },
+      sizeof(ngx_http_idempotency_lua_renew) - 1, "", NULL, NULL },
 
     { "inspect", ngx_http_idempotency_lua_inspect,
-      sizeof(ngx_http_idempotency_lua_inspect) - 1, "", NULL },
+      sizeof(ngx_http_idempotency_lua_inspect) - 1, "", NULL, NULL },
 
     { "purge", ngx_http_idempotency_lua_purge,
-      sizeof(ngx_http_idempotency_lua_purge) - 1, "", NULL },
+      sizeof(ngx_http_idempotency_lua_purge) - 1, "", NULL, NULL },
 
     /* a split record's body: written before its head, read for a replay */
-    { "body store", NULL, 0, "", "SET" },
-    { "body read", NULL, 0, "", "GET" }
+    { "body store", NULL, 0, "", "SET", NULL },
+    { "body read", NULL, 0, "", "GET", NULL }
 };
 
 
-/* SCRIPT LOAD of each script, the last steps of every handshake */
+/*
+ * The last steps of every handshake: "HELLO 2" (what the server takes,
+ * see hello_check; 2: hiredis 0.14 reads RESP2 only), then SCRIPT LOAD of
+ * each script, the claim's too
+ */
 static ngx_http_idempotency_redis_step_t
-    ngx_http_idempotency_redis_loads[NGX_HTTP_IDEMPOTENCY_SCRIPT_N];
+    ngx_http_idempotency_redis_loads[1 + NGX_HTTP_IDEMPOTENCY_SCRIPT_N + 1];
 
 
 ngx_int_t
@@ -143,10 +158,23 @@ ngx_http_idempotency_redis_init_process(ngx_cycle_t *cycle,
         return NGX_OK;
     }
 
-    n = 0;
+    step = &ngx_http_idempotency_redis_loads[0];
 
-    for (i = 0; i < NGX_HTTP_IDEMPOTENCY_SCRIPT_N; i++) {
-        s = &ngx_http_idempotency_redis_scripts[i];
+    step->what = "HELLO failed";
+    step->argc = 2;
+    step->argv[0] = "HELLO";
+    step->argvlen[0] = sizeof("HELLO") - 1;
+    step->argv[1] = "2";
+    step->argvlen[1] = sizeof("2") - 1;
+    step->check = ngx_http_idempotency_redis_hello_check;
+    step->data = NULL;
+
+    n = 1;
+
+    for (i = 0; i <= NGX_HTTP_IDEMPOTENCY_SCRIPT_N; i++) {
+        s = (i == NGX_HTTP_IDEMPOTENCY_SCRIPT_N)
+            ? &ngx_http_idempotency_redis_claim
+            : &ngx_http_idempotency_redis_scripts[i];
 
         if (s->text == NULL) {
             continue;
@@ -214,6 +242,66 @@ ngx_http_idempotency_redis_exit_process(ngx_cycle_t *cycle,
     for (i = 0; i < redis->nelts; i++) {
         rcfp[i]->topology->exit(rcfp[i]);
     }
+}
+
+
+/*
+ * HELLO 2: its "version" says whether the server takes "SET ... NX GET":
+ * Redis 7.0 and newer do, and so does every Valkey (8.0 says "8.0.1", or
+ * "7.2.4" in its Redis compatibility mode: both at least 7.0).  Anything
+ * else gets the claim script, which every server takes: a reply without
+ * a version, an error (HELLO is unknown before Redis 6.0, and 6.0 checks
+ * it against the ACL user's commands, where 6.2 and newer let it pass).
+ * Learnt again at every handshake: a failover may bring another server.
+ */
+
+static const char *
+ngx_http_idempotency_redis_hello_check(ngx_http_idempotency_redis_node_t *node,
+    redisReply *reply, ngx_http_idempotency_redis_step_t *step)
+{
+    u_char       *p, *last;
+    size_t        i;
+    ngx_int_t     major;
+    redisReply   *name, *value;
+
+    node->set_nx_get = 0;
+    major = NGX_ERROR;
+
+    if (reply->type == REDIS_REPLY_ARRAY) {
+
+        for (i = 0; i + 1 < reply->elements; i += 2) {
+            name = reply->element[i];
+            value = reply->element[i + 1];
+
+            if (name->type != REDIS_REPLY_STRING
+                || value->type != REDIS_REPLY_STRING
+                || name->len != sizeof("version") - 1
+                || ngx_strncmp(name->str, "version", name->len) != 0)
+            {
+                continue;
+            }
+
+            p = (u_char *) value->str;
+            last = ngx_strlchr(p, p + value->len, '.');
+
+            if (last) {
+                major = ngx_atoi(p, last - p);
+            }
+
+            break;
+        }
+    }
+
+    if (major >= 7) {
+        node->set_nx_get = 1;
+    }
+
+    ngx_log_debug3(NGX_LOG_DEBUG_HTTP, node->log, 0,
+                   "idempotency redis: \"%V\" major version %i, "
+                   "claims through %s", &node->name, major,
+                   node->set_nx_get ? "SET NX GET" : "the claim script");
+
+    return NULL;
 }
 
 

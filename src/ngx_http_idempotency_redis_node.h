@@ -123,6 +123,9 @@ struct ngx_http_idempotency_redis_node_s {
     ngx_http_idempotency_redis_stats_t   stats;
     unsigned                             drained:1; /* notice due */
 
+    /* the records layer's (ngx_http_idempotency_redis.c), each handshake */
+    unsigned                             set_nx_get:1; /* Redis 7.0+ */
+
     unsigned                             exiting:1;
     unsigned                             bulk:1;   /* rcf->bulk */
 };

@@ -25,15 +25,23 @@
 
 /*
  * A command of the module: a native one ("SET", "GET"), or a script sent
- * as EVALSHA <sha> and again as EVAL <text> after a NOSCRIPT.
+ * as EVALSHA <sha> and again as EVAL <text> after a NOSCRIPT.  A native
+ * command with a script is "SET ... NX GET", which only Redis 7.0 and
+ * newer take: to a node whose server lacks it (node->set_nx_get unset),
+ * or not known yet (a command queued behind the handshake), the script
+ * goes instead, with the same key and args.
  */
-typedef struct {
+typedef struct ngx_http_idempotency_redis_cmd_s
+    ngx_http_idempotency_redis_cmd_t;
+
+struct ngx_http_idempotency_redis_cmd_s {
     const char                          *name;     /* for logs */
     const char                          *text;     /* NULL: native */
     size_t                               len;
     u_char                               sha[SHA_DIGEST_LENGTH * 2];
     const char                          *native;
-} ngx_http_idempotency_redis_cmd_t;
+    ngx_http_idempotency_redis_cmd_t    *script;   /* of a native one */
+};
 
 
 /*

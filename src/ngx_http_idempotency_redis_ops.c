@@ -212,7 +212,8 @@ ngx_http_idempotency_redis_op_create(ngx_http_idempotency_redis_node_t *node,
      * retryable op can be resent after a reconnect, without copying.
      */
 
-    reserve = NGX_HTTP_IDEMPOTENCY_REDIS_PREFIX_LEN + cmd->len
+    reserve = NGX_HTTP_IDEMPOTENCY_REDIS_PREFIX_LEN
+              + (cmd->script ? cmd->script->len : cmd->len)
               + sizeof(NGX_HTTP_IDEMPOTENCY_REDIS_NUMKEYS) - 1;
 
     size = sizeof("$\r\n\r\n") - 1 + NGX_SIZE_T_LEN + key->len;
@@ -995,7 +996,11 @@ ngx_http_idempotency_redis_resend_parked(
 /*
  * Puts "*N EVALSHA <sha> 1", "*N EVAL <text> 1" or, for the claim, "*N SET"
  * right in front of the encoded key and args, so the whole command is one
- * contiguous buffer.
+ * contiguous buffer.  The claim is its script on a node whose server has
+ * no "SET ... NX GET", and on one still in its handshake (queued behind
+ * it, before its HELLO is answered: the script works on every server):
+ * decided at each send, since the node's server may have changed (a
+ * failover, a reconnect) since the op was made.
  */
 
 static u_char *
@@ -1010,6 +1015,13 @@ ngx_http_idempotency_redis_frame(ngx_http_idempotency_redis_op_t *op,
     u_char             pre[NGX_HTTP_IDEMPOTENCY_REDIS_PREFIX_LEN];
 
     s = op->cmd;
+
+    if (s->script
+        && !(op->node->state == NGX_HTTP_IDEMPOTENCY_REDIS_READY
+             && op->node->set_nx_get))
+    {
+        s = s->script;
+    }
 
     if (s->text == NULL) {
         p = ngx_sprintf(pre, "*%ui\r\n$%uz\r\n%s\r\n", op->nargs + 2,

@@ -312,3 +312,52 @@ Idempotent-Replayed: true
 --- no_error_log
 [alert]
 [emerg]
+
+
+
+=== TEST 14: the claim is Redis' own SET NX GET from Redis 7.0 on (and on Valkey), the claim script before
+The worker's connection is through its handshake (its HELLO told the
+server's version) before the request: Redis then counts one EVALSHA for
+the store alone, or two (claim and store) on Redis 6.x, where the claim
+is src/lua/claim.lua.
+--- skip_eval: 3: !$ENV{TEST_NGINX_REDIS_CTL}
+--- http_config eval: $::HttpConfig
+--- config eval: $::Config
+--- init
+return if !$ENV{TEST_NGINX_REDIS_CTL};
+my $log = "$ENV{TEST_NGINX_SERVER_ROOT}/logs/error.log";
+my $end = time() + 10 * $main::Slow;
+until (time() > $end) {
+    open my $fh, '<', $log or last;
+    last if grep { /idempotency redis: "[^"]+" ready/ } <$fh>;
+    select(undef, undef, undef, 0.05);
+}
+main::redis_cli('CONFIG', 'RESETSTAT');
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: claim-kind-1
+--- error_code: 201
+--- grep_error_log: EXEC POST /backend claim-kind-1
+--- grep_error_log_out
+EXEC POST /backend claim-kind-1
+
+
+
+=== TEST 15: ... and its retry is a replay
+--- skip_eval: 3: !$ENV{TEST_NGINX_REDIS_CTL}
+--- init
+return if !$ENV{TEST_NGINX_REDIS_CTL};
+my ($calls) = main::redis_cli('INFO', 'commandstats')
+    =~ /^cmdstat_evalsha:calls=(\d+)/m;
+Test::More::is($calls // 0, main::redis_older(7, 0) ? 2 : 1,
+               'EVALSHA: the store, and the claim before Redis 7.0');
+--- request
+POST /t
+x
+--- more_headers
+Idempotency-Key: claim-kind-1
+--- error_code: 201
+--- response_headers
+Idempotent-Replayed: true

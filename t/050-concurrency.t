@@ -206,7 +206,11 @@ was lost
 
 === TEST 6a: a renewal Redis refuses is logged with the reason
 An ACL user that may claim (SET) but not run the scripts: the claim is
-made, each renewal gets NOPERM, and the worker says so.
+made, each renewal gets NOPERM, and the worker says so.  The request goes
+once the worker's connection is through its handshake (the claim is the
+claim script before, which works on every server but which this user may
+not run).  Skipped before Redis 7.0: there the claim is always a script
+(no SET ... NX GET).
 --- http_config eval
 qq{
     log_format exec 'EXEC \$request_method \$uri \$http_idempotency_key';
@@ -228,7 +232,16 @@ qq{
         limit_rate $TEST_NGINX_RATE;
         return 201 "slow done\n";
     }
---- skip_eval: 2: !$ENV{TEST_NGINX_REDIS_CTL}
+--- skip_eval: 2: !$ENV{TEST_NGINX_REDIS_CTL} || main::redis_older(7, 0)
+--- init
+return if !$ENV{TEST_NGINX_REDIS_CTL} || main::redis_older(7, 0);
+my $log = "$ENV{TEST_NGINX_SERVER_ROOT}/logs/error.log";
+my $end = time() + 10 * $main::Slow;
+until (time() > $end) {
+    open my $fh, '<', $log or last;
+    last if grep { /idempotency redis: "[^"]+" ready/ } <$fh>;
+    select(undef, undef, undef, 0.05);
+}
 --- request
 POST /t
 x

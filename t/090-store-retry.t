@@ -237,7 +237,7 @@ __DATA__
 --- config eval: $::Config
 --- init
 main::upstream_once(before => sub {
-    main::redis_cli('CLIENT', 'PAUSE', int(1500 * $main::Slow), 'ALL');
+    main::redis_pause_all(int(1500 * $main::Slow));
 });
 --- request
 POST /t
@@ -286,7 +286,7 @@ gave up
 --- config eval: $::Config
 --- init
 main::upstream_once(before => sub {
-    main::redis_cli('CONFIG', 'SET', 'busy-reply-threshold', '50');
+    main::redis_busy_after(50);
     my $secs = 1.5 * $main::Slow;
     system("'$ENV{TEST_NGINX_REDIS_CTL}' cli EVAL "
            . "\"local t = redis.call('TIME') "
@@ -315,7 +315,7 @@ qr/store of key_hash=${\ main::key_hash('busy-1')} failed \(Redis is busy runnin
 === TEST 4: ... and succeeds once the script is over, on the same connection
 --- init
 main::wait_state('busy-1', 'done', 10 * $main::Slow);
-main::redis_cli('CONFIG', 'SET', 'busy-reply-threshold', '5000');
+main::redis_busy_after(5000);
 --- request
 POST /t
 x

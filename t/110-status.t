@@ -699,7 +699,7 @@ Test::More::is(main::post('/t', 'warm-20'), 201, 'Redis is there');
 # and its store is done: a store queued behind the pause would time out
 # first and take the claim down with its connection ("failed")
 select(undef, undef, undef, 0.5 * $main::Slow);
-main::redis_cli('CLIENT', 'PAUSE', int(1500 * $main::Slow), 'ALL');
+main::redis_pause_all(int(1500 * $main::Slow));
 Test::More::is(main::post('/t', 'pause-20'), 503, 'refused');
 select(undef, undef, undef, 2.5 * $main::Slow);
 my $s = main::status_json();

@@ -439,7 +439,7 @@ GET /admin?key=done-1&scope=Bearer%20alice
 --- init
 # the connection is ready first: its handshake is over
 main::get('/admin?key=pause-1&scope=x') == 404 or die "admin not ready";
-main::redis_cli('CLIENT', 'PAUSE', int(1500 * $main::Slow), 'ALL');
+main::redis_pause_all(int(1500 * $main::Slow));
 --- request
 GET /admin?key=pause-1&scope=x
 --- error_code: 503

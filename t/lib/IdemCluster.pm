@@ -37,6 +37,37 @@ sub _free_ports {
     return @ports;
 }
 
+# ports for $n cluster nodes and their buses: any free ones where the
+# server takes --cluster-port (Redis 7.0+), else pairs P, P + 10000 (the
+# bus port older servers derive), both free
+sub _node_ports {
+    my ($n) = @_;
+    require IdemTest;
+    unless (IdemTest::redis_older(7, 0)) {
+        my @p = _free_ports(2 * $n);
+        return (@p[0 .. $n - 1], @p[$n .. 2 * $n - 1]);
+    }
+    my (%taken, @ports);
+    while (@ports < $n) {
+        my $p = 20000 + int(rand(30000));
+        next if $taken{$p} || $taken{$p + 10000};
+        next unless _bindable($p) && _bindable($p + 10000);
+        $taken{$p} = $taken{$p + 10000} = 1;
+        push @ports, $p;
+    }
+    return (@ports, map { $_ + 10000 } @ports);
+}
+
+sub _bindable {
+    my ($port) = @_;
+    my $s = IO::Socket::INET->new(LocalAddr => '127.0.0.1',
+                                  LocalPort => $port, Listen => 1,
+                                  ReuseAddr => 1)
+        or return 0;
+    close $s;
+    return 1;
+}
+
 sub _which {
     my ($name) = @_;
     for my $d (split /:/, $ENV{PATH} // '') {
@@ -65,7 +96,7 @@ sub start {
     }, $class;
     push @Live, $self;
 
-    my @ports = _free_ports(2 * $n);
+    my @ports = _node_ports($n);
 
     for my $i (0 .. $n - 1) {
         $self->_spawn($ports[$i], $ports[$n + $i]);
@@ -108,7 +139,8 @@ sub _spawn {
         open STDOUT, '>>', $log or POSIX::_exit(127);
         open STDERR, '>&', \*STDOUT or POSIX::_exit(127);
         { exec 'redis-server', '--bind', '127.0.0.1', '--port', $port,
-               '--cluster-enabled', 'yes', '--cluster-port', $bus,
+               '--cluster-enabled', 'yes',
+               ($bus == $port + 10000 ? () : ('--cluster-port', $bus)),
                '--cluster-config-file', "$self->{dir}/nodes-$port.conf",
                '--cluster-node-timeout', '2000',
                '--appendonly', 'no', '--save', '', '--dir', $self->{dir},
@@ -125,7 +157,7 @@ sub _spawn {
 # by the helpers above that walk the masters 0 .. 2)
 sub add_replica {
     my ($self, $m) = @_;
-    my ($port, $bus) = _free_ports(2);
+    my ($port, $bus) = _node_ports(1);
     my $i = $self->_spawn($port, $bus);
     _wait_for(10, sub { $self->_cli_port($port, 'PING') eq 'PONG' })
         or die "replica on $port did not start\n";

@@ -14,7 +14,7 @@ use IO::Socket::INET ();
 use POSIX ();
 
 our @EXPORT = qw($Slow first_request free_port key_hash key_slot redis_cli
-                 redis_ctl);
+                 redis_ctl redis_older redis_pause_all redis_busy_after);
 
 # under valgrind everything is many times slower: so is our choreography
 our $Slow = $ENV{TEST_NGINX_USE_VALGRIND} ? 6 : 1;
@@ -100,6 +100,42 @@ sub key_slot {
                              : ($crc << 1) & 0xffff for 1 .. 8;
     }
     return $crc % 16384;
+}
+
+# The version of the redis-server on PATH, which make test and the test
+# topologies start (make test REDIS=6.0.20 puts another one there):
+# (major, minor), Valkey's own for Valkey; (0, 0) without one.
+my @Version;
+
+sub redis_version {
+    @Version = `redis-server --version 2>/dev/null` =~ /v=(\d+)\.(\d+)/
+        or @Version = (0, 0)
+        unless @Version;
+    return @Version;
+}
+
+# true when that server is older than $major.$minor: the tests of what it
+# lacks skip with a reason (skip_eval, or skip in a Test::More block)
+sub redis_older {
+    my ($major, $minor) = @_;
+    my ($ma, $mi) = redis_version();
+    return $ma < $major || ($ma == $major && $mi < ($minor // 0));
+}
+
+# CLIENT PAUSE of every client for $ms: "ALL" is 6.2's word; 6.0 pauses
+# every client without it (and knows no "WRITE")
+sub redis_pause_all {
+    my ($ms) = @_;
+    return redis_cli('CLIENT', 'PAUSE', $ms, redis_older(6, 2) ? () : 'ALL');
+}
+
+# after how many ms a running script makes Redis answer BUSY: the setting
+# is busy-reply-threshold since Redis 7.0, lua-time-limit before
+sub redis_busy_after {
+    my ($ms) = @_;
+    return redis_cli('CONFIG', 'SET', redis_older(7, 0) ? 'lua-time-limit'
+                                                         : 'busy-reply-threshold',
+                     $ms);
 }
 
 sub redis_ctl {

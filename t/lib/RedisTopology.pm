@@ -108,7 +108,12 @@ CONF
     }
 
     my $pw = $self->{sentinel_password};
-    my $auth = $pw ? "requirepass $pw\nsentinel sentinel-pass $pw\n" : '';
+    # a sentinel's password for the other sentinels: sentinel-pass since
+    # Redis 6.2; 6.0's sentinels send their own requirepass to each other
+    require IdemTest;
+    my $auth = !$pw ? ''
+             : IdemTest::redis_older(6, 2) ? "requirepass $pw\n"
+             : "requirepass $pw\nsentinel sentinel-pass $pw\n";
 
     for my $port (@s) {
         write_file("$dir/$port.conf", <<CONF);
