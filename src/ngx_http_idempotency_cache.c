@@ -22,6 +22,7 @@
 #include "ngx_http_idempotency_cache.h"
 #include "ngx_http_idempotency_record.h"
 #include "ngx_http_idempotency_stats.h"
+#include "ngx_http_idempotency_redis_sub.h"
 
 
 /* an entry that is not a record: not served, removed when it expires */
@@ -31,6 +32,9 @@
 
 /* how long a purge keeps records read before it out */
 #define NGX_HTTP_IDEMPOTENCY_CACHE_TOMB_MS  2000
+
+/* workers that listen for purges at once: worker 0 of old and new cycles */
+#define NGX_HTTP_IDEMPOTENCY_CACHE_LISTENERS  8
 
 /* entries evicted at most to make room for one */
 #define NGX_HTTP_IDEMPOTENCY_CACHE_EVICT_MAX  64
@@ -58,6 +62,10 @@ typedef struct {
     uint64_t                             epoch;
     ngx_uint_t                           entries;
     size_t                               bytes;
+
+    /* the workers listening for purges now, and whether any ever did */
+    ngx_pid_t                 listeners[NGX_HTTP_IDEMPOTENCY_CACHE_LISTENERS];
+    ngx_uint_t                           listened;
 } ngx_http_idempotency_cache_sh_t;
 
 
@@ -301,6 +309,8 @@ ngx_http_idempotency_cache_init_sh(ngx_slab_pool_t *shpool)
     sh->epoch = 1;
     sh->entries = 0;
     sh->bytes = 0;
+    sh->listened = 0;
+    ngx_memzero(sh->listeners, sizeof(sh->listeners));
 
     shpool->data = sh;
 
@@ -887,10 +897,19 @@ ngx_http_idempotency_cache_purge(ngx_http_idempotency_redis_conf_t *rcf,
 }
 
 
-void
-ngx_http_idempotency_cache_forget_all(void)
+/*
+ * This worker's subscription to purges is up ("on") or lost.  Purges may
+ * have been missed since the last time some worker listened: when none
+ * listens now but one did before, every entry of the zone is older than
+ * the new epoch, a miss.  A reload's new worker subscribes while the old
+ * one still listens: the entries stay.  A worker that died is no
+ * listener (its pid is gone).
+ */
+
+static void
+ngx_http_idempotency_cache_listening(ngx_uint_t on)
 {
-    ngx_uint_t                        i, n;
+    ngx_uint_t                        i, n, k, live;
     ngx_shm_zone_t                   *zones[16];
     ngx_http_idempotency_cache_t     *cache;
     ngx_http_idempotency_cache_sh_t  *sh;
@@ -905,10 +924,142 @@ ngx_http_idempotency_cache_forget_all(void)
             continue;
         }
 
-        sh->epoch++;
+        live = 0;
+
+        for (k = 0; k < NGX_HTTP_IDEMPOTENCY_CACHE_LISTENERS; k++) {
+
+            if (sh->listeners[k] == ngx_pid
+                || (sh->listeners[k]
+                    && kill(sh->listeners[k], 0) == -1 && errno == ESRCH))
+            {
+                sh->listeners[k] = 0;
+            }
+
+            if (sh->listeners[k]) {
+                live = 1;
+            }
+        }
+
+        if (on) {
+            if (!live && sh->listened) {
+                sh->epoch++;
+            }
+
+            sh->listened = 1;
+
+            for (k = 0; k < NGX_HTTP_IDEMPOTENCY_CACHE_LISTENERS; k++) {
+                if (sh->listeners[k] == 0) {
+                    sh->listeners[k] = ngx_pid;
+                    break;
+                }
+            }
+        }
 
         ngx_http_idempotency_cache_unlock(cache, sh);
     }
+}
+
+
+/* what the subscription to "<prefix>purge" hears */
+
+static void
+ngx_http_idempotency_cache_sub_handler(void *data, ngx_uint_t event,
+    ngx_str_t *msg)
+{
+    ngx_http_idempotency_redis_conf_t *rcf = data;
+
+    switch (event) {
+
+    case NGX_HTTP_IDEMPOTENCY_REDIS_SUB_READY:
+        ngx_http_idempotency_cache_listening(1);
+        break;
+
+    case NGX_HTTP_IDEMPOTENCY_REDIS_SUB_LOST:
+        ngx_http_idempotency_cache_listening(0);
+        break;
+
+    default: /* NGX_HTTP_IDEMPOTENCY_REDIS_SUB_MESSAGE */
+        ngx_log_debug1(NGX_LOG_DEBUG_HTTP, ngx_cycle->log, 0,
+                       "idempotency cache: purge of \"%V\" heard", msg);
+        ngx_http_idempotency_cache_purge(rcf, msg);
+        break;
+    }
+}
+
+
+/*
+ * Worker 0 of a node listens for the purges of each Redis (one connection
+ * per node and Redis: every worker shares the zones), when a zone exists.
+ */
+
+static ngx_http_idempotency_redis_sub_t  **ngx_http_idempotency_cache_subs;
+static ngx_uint_t                          ngx_http_idempotency_cache_nsubs;
+
+
+ngx_int_t
+ngx_http_idempotency_cache_init_process(ngx_cycle_t *cycle,
+    ngx_array_t *redis)
+{
+    u_char                              *p;
+    ngx_str_t                           *channel;
+    ngx_uint_t                           i;
+    ngx_shm_zone_t                      *zone;
+    ngx_http_idempotency_redis_conf_t  **rcfp;
+
+    if ((ngx_process != NGX_PROCESS_WORKER
+         && ngx_process != NGX_PROCESS_SINGLE)
+        || ngx_worker != 0 || redis == NULL || redis->nelts == 0
+        || ngx_http_idempotency_cache_zones(&zone, 1) == 0)
+    {
+        return NGX_OK;
+    }
+
+    ngx_http_idempotency_cache_subs = ngx_pcalloc(cycle->pool,
+                             redis->nelts
+                             * sizeof(ngx_http_idempotency_redis_sub_t *));
+    if (ngx_http_idempotency_cache_subs == NULL) {
+        return NGX_ERROR;
+    }
+
+    rcfp = redis->elts;
+
+    for (i = 0; i < redis->nelts; i++) {
+        channel = ngx_palloc(cycle->pool, sizeof(ngx_str_t));
+        p = ngx_pnalloc(cycle->pool, rcfp[i]->prefix.len + sizeof("purge"));
+
+        if (channel == NULL || p == NULL) {
+            return NGX_ERROR;
+        }
+
+        channel->data = p;
+        channel->len = ngx_sprintf(p, "%Vpurge", &rcfp[i]->prefix) - p;
+
+        ngx_http_idempotency_cache_subs[ngx_http_idempotency_cache_nsubs++]
+            = ngx_http_idempotency_redis_sub_start(rcfp[i], channel,
+                                       ngx_http_idempotency_cache_sub_handler,
+                                       rcfp[i], cycle->pool, cycle->log);
+    }
+
+    return NGX_OK;
+}
+
+
+void
+ngx_http_idempotency_cache_exit_process(ngx_cycle_t *cycle)
+{
+    ngx_uint_t  i;
+
+    if (ngx_http_idempotency_cache_nsubs == 0) {
+        return;
+    }
+
+    for (i = 0; i < ngx_http_idempotency_cache_nsubs; i++) {
+        ngx_http_idempotency_redis_sub_exit(
+                                         ngx_http_idempotency_cache_subs[i]);
+    }
+
+    ngx_http_idempotency_cache_nsubs = 0;
+    ngx_http_idempotency_cache_listening(0);
 }
 
 

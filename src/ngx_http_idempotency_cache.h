@@ -65,8 +65,15 @@ void ngx_http_idempotency_cache_commit(ngx_str_t *rkey, ngx_str_t *fence,
 void ngx_http_idempotency_cache_purge(ngx_http_idempotency_redis_conf_t *rcf,
     ngx_str_t *rkey);
 
-/* every entry of every zone is a miss from now on (pub/sub resubscribed) */
-void ngx_http_idempotency_cache_forget_all(void);
+/*
+ * Worker 0 listens for purges published by the other nodes (purge.lua
+ * publishes the record key on "<prefix>purge"), one subscription per
+ * idempotency_redis ("redis": an array of ngx_http_idempotency_redis_conf_t
+ * *, or NULL), when the node has a cache zone.
+ */
+ngx_int_t ngx_http_idempotency_cache_init_process(ngx_cycle_t *cycle,
+    ngx_array_t *redis);
+void ngx_http_idempotency_cache_exit_process(ngx_cycle_t *cycle);
 
 /* entries and bytes of all zones, for idempotency_status */
 void ngx_http_idempotency_cache_totals(ngx_uint_t *entries, size_t *bytes);

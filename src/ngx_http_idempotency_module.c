@@ -550,7 +550,15 @@ ngx_http_idempotency_init_process(ngx_cycle_t *cycle)
     imcf = ngx_http_cycle_get_module_main_conf(cycle,
                                                ngx_http_idempotency_module);
 
-    return ngx_http_idempotency_redis_init_process(cycle,
+    if (ngx_http_idempotency_redis_init_process(cycle,
+                                        (imcf && imcf->used) ? &imcf->redis
+                                                             : NULL)
+        != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    return ngx_http_idempotency_cache_init_process(cycle,
                                         (imcf && imcf->used) ? &imcf->redis
                                                              : NULL);
 }
@@ -564,6 +572,7 @@ ngx_http_idempotency_exit_process(ngx_cycle_t *cycle)
     imcf = ngx_http_cycle_get_module_main_conf(cycle,
                                                ngx_http_idempotency_module);
 
+    ngx_http_idempotency_cache_exit_process(cycle);
     ngx_http_idempotency_redis_exit_process(cycle,
                                             imcf ? &imcf->redis : NULL);
     ngx_http_idempotency_handler_exit_process(cycle);

@@ -16,6 +16,7 @@ use IdemTest;
 use Digest::SHA ();
 use IO::Socket::INET ();
 use JSON::PP ();
+use Roads ();
 
 $ENV{TEST_NGINX_REDIS_PORT} ||= 6379;
 $ENV{TEST_NGINX_PREFIX} ||= "t190-$$-" . time() . ":";
@@ -125,6 +126,49 @@ sub cache_json {
     my ($status, $head, $body) = http('GET', '/status?format=json');
     die "status: $status\n" unless $status == 200;
     return JSON::PP::decode_json($body)->{cache};
+}
+
+# A second node: another nginx with its own cache zone in front of the same
+# Redis and prefix, listening on $Port3; returns its pid.
+our $Port3 = free_port();
+
+sub start_node2 {
+    my $dir = Roads::tempdir('t190-node2');
+    return Roads::start_nginx($dir, $Port3, <<HTTP);
+    idempotency_redis 127.0.0.1:$ENV{TEST_NGINX_REDIS_PORT}
+                      prefix=$ENV{TEST_NGINX_PREFIX};
+    idempotency_cache_zone n2:1m;
+    server {
+        listen 127.0.0.1:$Port3;
+        location = /t {
+            idempotency on;
+            idempotency_scope test;
+            idempotency_cache n2;
+            add_header X-Idempotency-Cache \$idempotency_cache always;
+            proxy_pass http://127.0.0.1:$Port3/backend;
+        }
+        location = /backend {
+            return 201 "created\n";
+        }
+    }
+HTTP
+}
+
+# subscribers to the purge channel (every node's worker 0)
+sub listeners {
+    my $out = redis_cli('PUBSUB', 'NUMSUB', "$ENV{TEST_NGINX_PREFIX}purge");
+    my (undef, $n) = split /\n/, $out;
+    return $n // 0;
+}
+
+# waits up to $secs (scaled) for $cond
+sub wait_until {
+    my ($secs, $cond) = @_;
+    for (1 .. $secs * 20 * $Slow) {
+        return 1 if $cond->();
+        select(undef, undef, undef, 0.05);
+    }
+    return 0;
 }
 
 # the replay's fetch of the record's TTL is a second round trip after it
@@ -382,7 +426,34 @@ X-Idempotency-Cache: HIT
 
 
 
-=== TEST 13: idempotency_cache of a zone never sized
+=== TEST 13: a purge on one node reaches the cache of another node sharing the Redis
+--- http_config eval: $::HttpConfig
+--- config eval: $::Config
+--- init
+my $pid = main::start_node2();
+Test::More::ok(main::wait_until(10, sub { main::listeners() >= 2 }),
+               'both nodes listen for purges');
+{
+    local $main::Port = $main::Port3;
+    Test::More::is(main::post('/t', 'k13'), '201 MISS', 'node 2 runs it');
+    Test::More::is(main::post('/t', 'k13'), '201 HIT', 'node 2 cached it');
+}
+my ($s) = main::http('DELETE', '/admin?key=k13&scope=test');
+Test::More::is($s, 204, 'purged through node 1');
+{
+    local $main::Port = $main::Port3;
+    Test::More::ok(main::wait_until(5, sub {
+                       main::post('/t', 'k13') eq '201 MISS' }),
+                   'node 2 no longer replays it from its cache');
+}
+Roads::stop($pid);
+--- request
+GET /status
+--- error_code: 200
+
+
+
+=== TEST 14: idempotency_cache of a zone never sized
 --- config
     location = /t {
         idempotency_cache nowhere;
@@ -393,7 +464,7 @@ zero size shared memory zone "nowhere"
 
 
 
-=== TEST 14: a zone too small
+=== TEST 15: a zone too small
 --- http_config
     idempotency_cache_zone small:16k;
 --- config
@@ -403,7 +474,7 @@ zone "small" is too small
 
 
 
-=== TEST 15: max_size above half the zone
+=== TEST 16: max_size above half the zone
 --- http_config
     idempotency_cache_zone z:64k max_size=64k;
 --- config
