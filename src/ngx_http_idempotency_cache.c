@@ -544,8 +544,16 @@ ngx_http_idempotency_cache_add(ngx_http_idempotency_cache_t *cache,
     cn->state = (u_char) state;
 
     p = ngx_cpymem(cn->data, rkey->data, rkey->len);
-    p = ngx_cpymem(p, fence->data, fence->len);
-    ngx_memcpy(p, record->data, record->len);
+
+    /* a tomb has neither */
+
+    if (fence->len) {
+        p = ngx_cpymem(p, fence->data, fence->len);
+    }
+
+    if (record->len) {
+        ngx_memcpy(p, record->data, record->len);
+    }
 
     ngx_rbtree_insert(&sh->rbtree, &cn->node);
     ngx_queue_insert_head(&sh->lru, &cn->queue);
