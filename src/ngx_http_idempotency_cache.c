@@ -63,6 +63,9 @@ typedef struct {
     ngx_uint_t                           entries;
     size_t                               bytes;
 
+    /* the last reload that kept the zone (ngx_current_msec), or 0 */
+    ngx_msec_t                           reloaded;
+
     /* the workers listening for purges now, and whether any ever did */
     ngx_pid_t                 listeners[NGX_HTTP_IDEMPOTENCY_CACHE_LISTENERS];
     ngx_uint_t                           listened;
@@ -118,6 +121,8 @@ static uint32_t ngx_http_idempotency_cache_rid(
     ngx_http_idempotency_redis_conf_t *rcf);
 static ngx_uint_t ngx_http_idempotency_cache_zones(ngx_shm_zone_t **out,
     ngx_uint_t n);
+static void ngx_http_idempotency_cache_handover_handler(ngx_event_t *ev);
+static ngx_uint_t ngx_http_idempotency_cache_others_listen(void);
 
 
 /* the zones' tag: the address of this, in the module loaded now */
@@ -273,12 +278,21 @@ ngx_http_idempotency_cache_init_zone(ngx_shm_zone_t *shm_zone, void *data)
 {
     ngx_http_idempotency_cache_t  *ocache = data;
 
-    ngx_http_idempotency_cache_t  *cache;
+    ngx_http_idempotency_cache_t     *cache;
+    ngx_http_idempotency_cache_sh_t  *sh;
 
     cache = shm_zone->data;
     cache->shpool = (ngx_slab_pool_t *) shm_zone->shm.addr;
 
     if (ocache) {
+        /* the master, at a reload: the old worker 0 waits for the new */
+
+        sh = ngx_http_idempotency_cache_lock(cache);
+        if (sh != NULL) {
+            sh->reloaded = ngx_current_msec;
+            ngx_http_idempotency_cache_unlock(cache, sh);
+        }
+
         return NGX_OK;
     }
 
@@ -310,6 +324,7 @@ ngx_http_idempotency_cache_init_sh(ngx_slab_pool_t *shpool)
     sh->entries = 0;
     sh->bytes = 0;
     sh->listened = 0;
+    sh->reloaded = 0;
     ngx_memzero(sh->listeners, sizeof(sh->listeners));
 
     shpool->data = sh;
@@ -1003,6 +1018,19 @@ ngx_http_idempotency_cache_sub_handler(void *data, ngx_uint_t event,
 static ngx_http_idempotency_redis_sub_t  **ngx_http_idempotency_cache_subs;
 static ngx_uint_t                          ngx_http_idempotency_cache_nsubs;
 
+/*
+ * A reload starts the new worker 0 and stops the old one at once: the old
+ * one keeps listening until the new one does (or for HANDOVER ms), so that
+ * no purge falls between the two and the entries stay good.  The timer is
+ * not cancelable on purpose: an exiting worker waits for it.
+ */
+#define NGX_HTTP_IDEMPOTENCY_CACHE_HANDOVER  3000
+
+static ngx_event_t                         ngx_http_idempotency_cache_handover;
+/* the timer's data: the debug log reads a connection's fd from it */
+static ngx_connection_t                    ngx_http_idempotency_cache_dummy;
+static ngx_msec_t                          ngx_http_idempotency_cache_exiting;
+
 
 ngx_int_t
 ngx_http_idempotency_cache_init_process(ngx_cycle_t *cycle,
@@ -1048,7 +1076,88 @@ ngx_http_idempotency_cache_init_process(ngx_cycle_t *cycle,
                                        rcfp[i], cycle->pool, cycle->log);
     }
 
+    ngx_http_idempotency_cache_handover.handler =
+                                   ngx_http_idempotency_cache_handover_handler;
+    ngx_http_idempotency_cache_handover.log = cycle->log;
+    ngx_http_idempotency_cache_dummy.fd = (ngx_socket_t) -1;
+    ngx_http_idempotency_cache_handover.data =
+                                           &ngx_http_idempotency_cache_dummy;
+    ngx_http_idempotency_cache_exiting = 0;
+
+    ngx_add_timer(&ngx_http_idempotency_cache_handover, 100);
+
     return NGX_OK;
+}
+
+
+static void
+ngx_http_idempotency_cache_handover_handler(ngx_event_t *ev)
+{
+    if (!ngx_exiting) {
+        ngx_add_timer(ev, 100);
+        return;
+    }
+
+    if (ngx_http_idempotency_cache_exiting == 0) {
+        ngx_http_idempotency_cache_exiting = ngx_current_msec;
+    }
+
+    if (ngx_current_msec - ngx_http_idempotency_cache_exiting
+        < NGX_HTTP_IDEMPOTENCY_CACHE_HANDOVER
+        && !ngx_http_idempotency_cache_others_listen())
+    {
+        ngx_add_timer(ev, 20);
+    }
+}
+
+
+/*
+ * Whether this worker may stop listening: another live process listens
+ * now, or no reload is under way (a plain stop: no one comes after).
+ */
+
+static ngx_uint_t
+ngx_http_idempotency_cache_others_listen(void)
+{
+    ngx_pid_t                         pid;
+    ngx_uint_t                        i, n, k, found;
+    ngx_shm_zone_t                   *zones[16];
+    ngx_http_idempotency_cache_t     *cache;
+    ngx_http_idempotency_cache_sh_t  *sh;
+
+    found = 0;
+    n = ngx_http_idempotency_cache_zones(zones, 16);
+
+    for (i = 0; i < n && !found; i++) {
+        cache = zones[i]->data;
+
+        sh = ngx_http_idempotency_cache_lock(cache);
+        if (sh == NULL) {
+            continue;
+        }
+
+        if (sh->reloaded == 0
+            || ngx_current_msec - sh->reloaded
+               > 2 * NGX_HTTP_IDEMPOTENCY_CACHE_HANDOVER)
+        {
+            found = 1;
+        }
+
+        for (k = 0; !found && k < NGX_HTTP_IDEMPOTENCY_CACHE_LISTENERS; k++) {
+            pid = sh->listeners[k];
+
+            if (pid && pid != ngx_pid
+                && !(kill(pid, 0) == -1 && errno == ESRCH))
+            {
+                found = 1;
+                break;
+            }
+        }
+
+        ngx_http_idempotency_cache_unlock(cache, sh);
+    }
+
+    return found;
 }
 
 
@@ -1059,6 +1168,10 @@ ngx_http_idempotency_cache_exit_process(ngx_cycle_t *cycle)
 
     if (ngx_http_idempotency_cache_nsubs == 0) {
         return;
+    }
+
+    if (ngx_http_idempotency_cache_handover.timer_set) {
+        ngx_del_timer(&ngx_http_idempotency_cache_handover);
     }
 
     for (i = 0; i < ngx_http_idempotency_cache_nsubs; i++) {
