@@ -103,6 +103,10 @@ static ngx_http_idempotency_cache_node_t *ngx_http_idempotency_cache_find(
     ngx_str_t *rkey);
 static ngx_int_t ngx_http_idempotency_cache_cmp(ngx_rbtree_key_t hash,
     uint32_t rid, ngx_str_t *rkey, ngx_http_idempotency_cache_node_t *cn);
+static ngx_http_idempotency_cache_node_t *
+    ngx_http_idempotency_cache_pending_find(ngx_rbtree_node_t *node,
+    ngx_rbtree_node_t *sentinel, ngx_rbtree_key_t hash, ngx_str_t *rkey,
+    ngx_str_t *fence);
 static ngx_http_idempotency_cache_node_t *ngx_http_idempotency_cache_add(
     ngx_http_idempotency_cache_t *cache, ngx_http_idempotency_cache_sh_t *sh,
     ngx_rbtree_key_t hash, uint32_t rid, ngx_str_t *rkey, ngx_str_t *fence,
@@ -115,8 +119,7 @@ static void ngx_http_idempotency_cache_expire(
     ngx_uint_t force);
 static void ngx_http_idempotency_cache_ttl_handler(void *data,
     redisReply *reply, ngx_uint_t rc);
-static ngx_rbtree_key_t ngx_http_idempotency_cache_hash(uint32_t rid,
-    ngx_str_t *rkey);
+static ngx_rbtree_key_t ngx_http_idempotency_cache_hash(ngx_str_t *rkey);
 static uint32_t ngx_http_idempotency_cache_rid(
     ngx_http_idempotency_redis_conf_t *rcf);
 static ngx_uint_t ngx_http_idempotency_cache_zones(ngx_shm_zone_t **out,
@@ -423,7 +426,7 @@ ngx_http_idempotency_cache_get(ngx_shm_zone_t *zone,
 
     cache = zone->data;
     rid = ngx_http_idempotency_cache_rid(rcf);
-    hash = ngx_http_idempotency_cache_hash(rid, rkey);
+    hash = ngx_http_idempotency_cache_hash(rkey);
     p = NULL;
 
     sh = ngx_http_idempotency_cache_lock(cache);
@@ -512,6 +515,49 @@ ngx_http_idempotency_cache_cmp(ngx_rbtree_key_t hash, uint32_t rid,
     }
 
     return ngx_memn2cmp(rkey->data, cn->data, rkey->len, cn->key_len);
+}
+
+
+/*
+ * The pending entry of "rkey" under "fence", whatever its Redis: the
+ * entries of one hash are searched on both sides (they are few).
+ */
+
+static ngx_http_idempotency_cache_node_t *
+ngx_http_idempotency_cache_pending_find(ngx_rbtree_node_t *node,
+    ngx_rbtree_node_t *sentinel, ngx_rbtree_key_t hash, ngx_str_t *rkey,
+    ngx_str_t *fence)
+{
+    ngx_http_idempotency_cache_node_t  *cn;
+
+    while (node != sentinel) {
+
+        if (hash != node->key) {
+            node = (hash < node->key) ? node->left : node->right;
+            continue;
+        }
+
+        cn = (ngx_http_idempotency_cache_node_t *) node;
+
+        if (cn->state == NGX_HTTP_IDEMPOTENCY_CACHE_PENDING
+            && cn->key_len == rkey->len && cn->fence_len == fence->len
+            && ngx_memcmp(cn->data, rkey->data, rkey->len) == 0
+            && ngx_memcmp(cn->data + cn->key_len, fence->data, fence->len)
+               == 0)
+        {
+            return cn;
+        }
+
+        cn = ngx_http_idempotency_cache_pending_find(node->left, sentinel,
+                                                     hash, rkey, fence);
+        if (cn != NULL) {
+            return cn;
+        }
+
+        node = node->right;
+    }
+
+    return NULL;
 }
 
 
@@ -717,7 +763,7 @@ ngx_http_idempotency_cache_ttl_handler(void *data, redisReply *reply,
     record.data = (u_char *) v->str;
     record.len = v->len;
     ngx_str_null(&none);
-    hash = ngx_http_idempotency_cache_hash(f->rid, &key);
+    hash = ngx_http_idempotency_cache_hash(&key);
 
     sh = ngx_http_idempotency_cache_lock(cache);
     if (sh == NULL) {
@@ -727,7 +773,7 @@ ngx_http_idempotency_cache_ttl_handler(void *data, redisReply *reply,
     /* purged since this was read, perhaps: not trusted */
 
     tomb = ngx_http_idempotency_cache_find(sh,
-                               ngx_http_idempotency_cache_hash(0, &key), 0,
+                               ngx_http_idempotency_cache_hash(&key), 0,
                                &key);
 
     if (tomb != NULL
@@ -781,7 +827,7 @@ ngx_http_idempotency_cache_pending(ngx_shm_zone_t *zone,
     }
 
     rid = ngx_http_idempotency_cache_rid(rcf);
-    hash = ngx_http_idempotency_cache_hash(rid, rkey);
+    hash = ngx_http_idempotency_cache_hash(rkey);
 
     sh = ngx_http_idempotency_cache_lock(cache);
     if (sh == NULL) {
@@ -812,7 +858,6 @@ ngx_http_idempotency_cache_commit(ngx_str_t *rkey, ngx_str_t *fence,
     ngx_uint_t stored)
 {
     ngx_uint_t                          i, n;
-    ngx_queue_t                        *q;
     ngx_shm_zone_t                     *zones[16];
     ngx_http_idempotency_cache_t       *cache;
     ngx_http_idempotency_cache_sh_t    *sh;
@@ -828,32 +873,18 @@ ngx_http_idempotency_cache_commit(ngx_str_t *rkey, ngx_str_t *fence,
             continue;
         }
 
-        /* pending entries are few and recent: near the LRU head */
+        cn = ngx_http_idempotency_cache_pending_find(sh->rbtree.root,
+                                  sh->rbtree.sentinel,
+                                  ngx_http_idempotency_cache_hash(rkey),
+                                  rkey, fence);
 
-        for (q = ngx_queue_head(&sh->lru);
-             q != ngx_queue_sentinel(&sh->lru);
-             q = ngx_queue_next(q))
-        {
-            cn = ngx_queue_data(q, ngx_http_idempotency_cache_node_t, queue);
-
-            if (cn->state != NGX_HTTP_IDEMPOTENCY_CACHE_PENDING
-                || cn->key_len != rkey->len || cn->fence_len != fence->len
-                || ngx_memcmp(cn->data, rkey->data, rkey->len) != 0
-                || ngx_memcmp(cn->data + cn->key_len, fence->data,
-                              fence->len)
-                   != 0)
-            {
-                continue;
-            }
-
+        if (cn != NULL) {
             if (stored) {
                 cn->state = NGX_HTTP_IDEMPOTENCY_CACHE_READY;
 
             } else {
                 ngx_http_idempotency_cache_delete(cache, sh, cn);
             }
-
-            break;
         }
 
         ngx_http_idempotency_cache_unlock(cache, sh);
@@ -882,7 +913,7 @@ ngx_http_idempotency_cache_purge(ngx_http_idempotency_redis_conf_t *rcf,
     n = ngx_http_idempotency_cache_zones(zones, 16);
     ngx_str_null(&none);
     rid = ngx_http_idempotency_cache_rid(rcf);
-    hash = ngx_http_idempotency_cache_hash(rid, rkey);
+    hash = ngx_http_idempotency_cache_hash(rkey);
 
     for (i = 0; i < n; i++) {
         cache = zones[i]->data;
@@ -897,7 +928,7 @@ ngx_http_idempotency_cache_purge(ngx_http_idempotency_redis_conf_t *rcf,
 
             if (cn == NULL) {
                 cn = ngx_http_idempotency_cache_find(sh,
-                                  ngx_http_idempotency_cache_hash(0, rkey), 0,
+                                  ngx_http_idempotency_cache_hash(rkey), 0,
                                   rkey);
             }
 
@@ -909,7 +940,7 @@ ngx_http_idempotency_cache_purge(ngx_http_idempotency_redis_conf_t *rcf,
         }
 
         (void) ngx_http_idempotency_cache_add(cache, sh,
-                              ngx_http_idempotency_cache_hash(0, rkey), 0,
+                              ngx_http_idempotency_cache_hash(rkey), 0,
                               rkey, &none, &none,
                               NGX_HTTP_IDEMPOTENCY_CACHE_TOMB,
                               ngx_current_msec
@@ -1213,17 +1244,12 @@ ngx_http_idempotency_cache_totals(ngx_uint_t *entries, size_t *bytes)
 }
 
 
+/* of the key alone: a store's commit finds its entry without the Redis */
+
 static ngx_rbtree_key_t
-ngx_http_idempotency_cache_hash(uint32_t rid, ngx_str_t *rkey)
+ngx_http_idempotency_cache_hash(ngx_str_t *rkey)
 {
-    uint32_t  crc;
-
-    ngx_crc32_init(crc);
-    ngx_crc32_update(&crc, (u_char *) &rid, sizeof(rid));
-    ngx_crc32_update(&crc, rkey->data, rkey->len);
-    ngx_crc32_final(crc);
-
-    return (ngx_rbtree_key_t) crc;
+    return (ngx_rbtree_key_t) ngx_crc32_long(rkey->data, rkey->len);
 }
 
 
