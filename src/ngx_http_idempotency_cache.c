@@ -1,7 +1,7 @@
 /*
  * The replay cache: completed records in a shared memory zone of the node,
  * in front of Redis.  HTTP side; reads a record's remaining TTL through
- * the records layer.
+ * the records layer.  Its purge listener is ngx_http_idempotency_cache_sub.c.
  *
  * An entry is one slab block: the node of a red-black tree keyed by a
  * hash of the Redis identity and the record key (the full key compared
@@ -22,7 +22,6 @@
 #include "ngx_http_idempotency_cache.h"
 #include "ngx_http_idempotency_record.h"
 #include "ngx_http_idempotency_stats.h"
-#include "ngx_http_idempotency_redis_sub.h"
 
 
 /* an entry that is not a record: not served, removed when it expires */
@@ -124,8 +123,6 @@ static uint32_t ngx_http_idempotency_cache_rid(
     ngx_http_idempotency_redis_conf_t *rcf);
 static ngx_uint_t ngx_http_idempotency_cache_zones(ngx_shm_zone_t **out,
     ngx_uint_t n);
-static void ngx_http_idempotency_cache_handover_handler(ngx_event_t *ev);
-static ngx_uint_t ngx_http_idempotency_cache_others_listen(void);
 
 
 /* the zones' tag: the address of this, in the module loaded now */
@@ -960,7 +957,7 @@ ngx_http_idempotency_cache_purge(ngx_http_idempotency_redis_conf_t *rcf,
  * listener (its pid is gone).
  */
 
-static void
+void
 ngx_http_idempotency_cache_listening(ngx_uint_t on)
 {
     ngx_uint_t                        i, n, k, live;
@@ -1014,140 +1011,12 @@ ngx_http_idempotency_cache_listening(ngx_uint_t on)
 }
 
 
-/* what the subscription to "<prefix>purge" hears */
-
-static void
-ngx_http_idempotency_cache_sub_handler(void *data, ngx_uint_t event,
-    ngx_str_t *msg)
-{
-    ngx_http_idempotency_redis_conf_t *rcf = data;
-
-    switch (event) {
-
-    case NGX_HTTP_IDEMPOTENCY_REDIS_SUB_READY:
-        ngx_http_idempotency_cache_listening(1);
-        break;
-
-    case NGX_HTTP_IDEMPOTENCY_REDIS_SUB_LOST:
-        ngx_http_idempotency_cache_listening(0);
-        break;
-
-    default: /* NGX_HTTP_IDEMPOTENCY_REDIS_SUB_MESSAGE */
-        ngx_log_debug1(NGX_LOG_DEBUG_HTTP, ngx_cycle->log, 0,
-                       "idempotency cache: purge of \"%V\" heard", msg);
-        ngx_http_idempotency_cache_purge(rcf, msg);
-        break;
-    }
-}
-
-
-/*
- * Worker 0 of a node listens for the purges of each Redis (one connection
- * per node and Redis: every worker shares the zones), when a zone exists.
- */
-
-static ngx_http_idempotency_redis_sub_t  **ngx_http_idempotency_cache_subs;
-static ngx_uint_t                          ngx_http_idempotency_cache_nsubs;
-
-/*
- * A reload starts the new worker 0 and stops the old one at once: the old
- * one keeps listening until the new one does (or for HANDOVER ms), so that
- * no purge falls between the two and the entries stay good.  The timer is
- * not cancelable on purpose: an exiting worker waits for it.
- */
-#define NGX_HTTP_IDEMPOTENCY_CACHE_HANDOVER  3000
-
-static ngx_event_t                         ngx_http_idempotency_cache_handover;
-/* the timer's data: the debug log reads a connection's fd from it */
-static ngx_connection_t                    ngx_http_idempotency_cache_dummy;
-static ngx_msec_t                          ngx_http_idempotency_cache_exiting;
-
-
-ngx_int_t
-ngx_http_idempotency_cache_init_process(ngx_cycle_t *cycle,
-    ngx_array_t *redis)
-{
-    u_char                              *p;
-    ngx_str_t                           *channel;
-    ngx_uint_t                           i;
-    ngx_shm_zone_t                      *zone;
-    ngx_http_idempotency_redis_conf_t  **rcfp;
-
-    if ((ngx_process != NGX_PROCESS_WORKER
-         && ngx_process != NGX_PROCESS_SINGLE)
-        || ngx_worker != 0 || redis == NULL || redis->nelts == 0
-        || ngx_http_idempotency_cache_zones(&zone, 1) == 0)
-    {
-        return NGX_OK;
-    }
-
-    ngx_http_idempotency_cache_subs = ngx_pcalloc(cycle->pool,
-                             redis->nelts
-                             * sizeof(ngx_http_idempotency_redis_sub_t *));
-    if (ngx_http_idempotency_cache_subs == NULL) {
-        return NGX_ERROR;
-    }
-
-    rcfp = redis->elts;
-
-    for (i = 0; i < redis->nelts; i++) {
-        channel = ngx_palloc(cycle->pool, sizeof(ngx_str_t));
-        p = ngx_pnalloc(cycle->pool, rcfp[i]->prefix.len + sizeof("purge"));
-
-        if (channel == NULL || p == NULL) {
-            return NGX_ERROR;
-        }
-
-        channel->data = p;
-        channel->len = ngx_sprintf(p, "%Vpurge", &rcfp[i]->prefix) - p;
-
-        ngx_http_idempotency_cache_subs[ngx_http_idempotency_cache_nsubs++]
-            = ngx_http_idempotency_redis_sub_start(rcfp[i], channel,
-                                       ngx_http_idempotency_cache_sub_handler,
-                                       rcfp[i], cycle->pool, cycle->log);
-    }
-
-    ngx_http_idempotency_cache_handover.handler =
-                                   ngx_http_idempotency_cache_handover_handler;
-    ngx_http_idempotency_cache_handover.log = cycle->log;
-    ngx_http_idempotency_cache_dummy.fd = (ngx_socket_t) -1;
-    ngx_http_idempotency_cache_handover.data =
-                                           &ngx_http_idempotency_cache_dummy;
-    ngx_http_idempotency_cache_exiting = 0;
-
-    ngx_add_timer(&ngx_http_idempotency_cache_handover, 100);
-
-    return NGX_OK;
-}
-
-
-static void
-ngx_http_idempotency_cache_handover_handler(ngx_event_t *ev)
-{
-    if (!ngx_exiting) {
-        ngx_add_timer(ev, 100);
-        return;
-    }
-
-    if (ngx_http_idempotency_cache_exiting == 0) {
-        ngx_http_idempotency_cache_exiting = ngx_current_msec;
-    }
-
-    if (ngx_current_msec - ngx_http_idempotency_cache_exiting
-        < NGX_HTTP_IDEMPOTENCY_CACHE_HANDOVER
-        && !ngx_http_idempotency_cache_others_listen())
-    {
-        ngx_add_timer(ev, 20);
-    }
-}
-
-
 /*
  * Whether this worker may stop listening: another live process listens
  * now, or no reload is under way (a plain stop: no one comes after).
  */
 
-static ngx_uint_t
+ngx_uint_t
 ngx_http_idempotency_cache_others_listen(void)
 {
     ngx_pid_t                         pid;
@@ -1192,26 +1061,12 @@ ngx_http_idempotency_cache_others_listen(void)
 }
 
 
-void
-ngx_http_idempotency_cache_exit_process(ngx_cycle_t *cycle)
+ngx_uint_t
+ngx_http_idempotency_cache_used(void)
 {
-    ngx_uint_t  i;
+    ngx_shm_zone_t  *zone;
 
-    if (ngx_http_idempotency_cache_nsubs == 0) {
-        return;
-    }
-
-    if (ngx_http_idempotency_cache_handover.timer_set) {
-        ngx_del_timer(&ngx_http_idempotency_cache_handover);
-    }
-
-    for (i = 0; i < ngx_http_idempotency_cache_nsubs; i++) {
-        ngx_http_idempotency_redis_sub_exit(
-                                         ngx_http_idempotency_cache_subs[i]);
-    }
-
-    ngx_http_idempotency_cache_nsubs = 0;
-    ngx_http_idempotency_cache_listening(0);
+    return ngx_http_idempotency_cache_zones(&zone, 1);
 }
 
 

@@ -75,6 +75,19 @@ ngx_int_t ngx_http_idempotency_cache_init_process(ngx_cycle_t *cycle,
     ngx_array_t *redis);
 void ngx_http_idempotency_cache_exit_process(ngx_cycle_t *cycle);
 
+/* how long an old worker 0 waits for the new one to listen at a reload */
+#define NGX_HTTP_IDEMPOTENCY_CACHE_HANDOVER  3000
+
+/*
+ * For the purge listener (ngx_http_idempotency_cache_sub.c): whether the
+ * node has a cache zone; this worker listens for purges now ("on") or no
+ * longer (entries older than a gap become misses); whether it may stop
+ * listening at exit (another process listens, or no reload is under way).
+ */
+ngx_uint_t ngx_http_idempotency_cache_used(void);
+void ngx_http_idempotency_cache_listening(ngx_uint_t on);
+ngx_uint_t ngx_http_idempotency_cache_others_listen(void);
+
 /* entries and bytes of all zones, for idempotency_status */
 void ngx_http_idempotency_cache_totals(ngx_uint_t *entries, size_t *bytes);
 
