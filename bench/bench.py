@@ -67,6 +67,8 @@ TARGETS = [
     # issue 14 raised these two (0.55 before; the ceiling had none)
     ("MISS / plain proxy_pass", "miss", "baseline", 0.65),
     ("HIT / ceiling", "hit", "ceiling", 0.7),
+    # issue 25: a replay from the node's cache (idempotency_cache)
+    ("cached HIT / ceiling", "cache-hit", "ceiling", 0.85),
 ]
 
 # name -> (subject, key mode)
@@ -75,13 +77,16 @@ SCENARIOS = {
     "baseline": ("plain", "cycle"),
     "miss": ("module", "unique"),
     "hit": ("module", "cycle"),
+    "cache-hit": ("module", "cycle"),
     "srcache-miss": ("srcache", "unique"),
     "srcache-hit": ("srcache", "cycle"),
     "lua-miss": ("lua", "unique"),
     "lua-hit": ("lua", "cycle"),
 }
-ORDER = ["ceiling", "baseline", "miss", "hit", "srcache-miss", "srcache-hit",
-         "lua-miss", "lua-hit"]
+# the location a scenario uses, when not /orders
+PATHS = {"cache-hit": "/cached/orders"}
+ORDER = ["ceiling", "baseline", "miss", "hit", "cache-hit", "srcache-miss",
+         "srcache-hit", "lua-miss", "lua-hit"]
 
 
 class SetupError(Exception):
@@ -455,6 +460,7 @@ def subject_conf(subject, opts, port):
     if subject == "module":
         return ("load_module %s;\n" % opts.module) + common_http(opts, """
     idempotency_redis 127.0.0.1:%d prefix=bench:;
+    idempotency_cache_zone bench:64m;
 """ % opts.redis_port) + """
     server {
         %s
@@ -466,6 +472,14 @@ def subject_conf(subject, opts, port):
             idempotency_ttl 1h;
             idempotency_max_response_size 2m;
             proxy_pass http://app;
+        }
+        # the same, replayed from the node's cache (cache-hit)
+        location /cached/ {
+            idempotency on;
+            idempotency_scope bench;
+            idempotency_ttl 1h;
+            idempotency_cache bench;
+            proxy_pass http://app/;
         }
         # the "large records" runs: 10 MB and 60 MB responses
         location /large/ {
@@ -856,9 +870,10 @@ class Bench:
         return {}
 
     # --- one scenario
-    def scenario(self, name, front, port, path="/orders", size="1k",
+    def scenario(self, name, front, port, path=None, size="1k",
                  duration=None, delay_ms=0, connections=None, tag=None):
         o = self.o
+        path = path or PATHS.get(name, "/orders")
         subject, mode = SCENARIOS[name]
         store = self.store_of(subject)
         duration = duration or o.duration

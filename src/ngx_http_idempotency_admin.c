@@ -7,6 +7,7 @@
 
 #include "ngx_http_idempotency_module.h"
 #include "ngx_http_idempotency_key.h"
+#include "ngx_http_idempotency_cache.h"
 #include "ngx_http_idempotency_record.h"
 #include "ngx_http_idempotency_scope.h"
 #include "ngx_http_idempotency_stats.h"
@@ -150,9 +151,21 @@ ngx_http_idempotency_admin_handler(ngx_http_request_t *r)
     ilcf = ngx_http_get_module_loc_conf(r, ngx_http_idempotency_module);
 
     if (ctx->purge) {
+        /* this node's cache at once, whatever Redis answers */
+        ngx_http_idempotency_cache_purge(ilcf->redis, &ctx->rkey);
+
+        /* the other nodes' caches hear it on "<prefix>purge" */
+        args[0].len = ilcf->redis->prefix.len + sizeof("purge") - 1;
+        args[0].data = ngx_pnalloc(r->pool, args[0].len);
+        if (args[0].data == NULL) {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+
+        ngx_sprintf(args[0].data, "%Vpurge", &ilcf->redis->prefix);
+
         ctx->op = ngx_http_idempotency_redis_script(ilcf->redis,
                                    NGX_HTTP_IDEMPOTENCY_SCRIPT_PURGE,
-                                   &ctx->rkey, NULL, 0,
+                                   &ctx->rkey, args, 1,
                                    ngx_http_idempotency_admin_reply, ctx,
                                    r->connection->log);
 

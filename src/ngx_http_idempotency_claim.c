@@ -7,6 +7,7 @@
 #include "ngx_http_idempotency_claim.h"
 #include "ngx_http_idempotency_hold.h"
 #include "ngx_http_idempotency_body.h"
+#include "ngx_http_idempotency_cache.h"
 #include "ngx_http_idempotency_capture.h"
 #include "ngx_http_idempotency_record.h"
 #include "ngx_http_idempotency_scope.h"
@@ -31,6 +32,11 @@ static ngx_int_t ngx_http_idempotency_claim_reply(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, redisReply *reply);
 static ngx_int_t ngx_http_idempotency_claim_record(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, redisReply *reply);
+static ngx_int_t ngx_http_idempotency_claim_cached(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
+static ngx_int_t ngx_http_idempotency_claim_judge_record(
+    ngx_http_request_t *r, ngx_http_idempotency_ctx_t *ctx, u_char *p,
+    size_t len, ngx_http_idempotency_record_t *rec);
 static void ngx_http_idempotency_free_reply(void *data);
 static void ngx_http_idempotency_resume(ngx_http_request_t *r);
 static void ngx_http_idempotency_settle_handler(void *data, redisReply *reply,
@@ -58,6 +64,15 @@ ngx_http_idempotency_claim_send(ngx_http_request_t *r,
     u_char      *p;
     ngx_str_t    args[5];
     u_char       ttl[NGX_INT64_LEN];
+
+    if (ctx->conf->cache
+        && ngx_http_idempotency_claim_cached(r, ctx) == NGX_OK)
+    {
+        ctx->redis_rc = NGX_HTTP_IDEMPOTENCY_REDIS_OK;
+        ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_DECIDED;
+        ngx_http_idempotency_resume(r);
+        return;
+    }
 
     /*
      * SET <key> <in-flight record> NX GET PX <lock TTL>: atomic alone, it
@@ -246,30 +261,110 @@ static ngx_int_t
 ngx_http_idempotency_claim_record(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, redisReply *reply)
 {
-    const char                     *reason;
+    ngx_int_t                       rc;
     ngx_pool_cleanup_t             *cln;
     ngx_http_idempotency_record_t   rec;
 
-    if (ngx_http_idempotency_record_parse((u_char *) reply->str, reply->len,
-                                          &rec)
-        != 0)
-    {
-        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                      "idempotency: the record key_hash=%s is corrupt or "
-                      "not of this module (%uz bytes), not used",
-                      ngx_http_idempotency_key_hash(&ctx->rkey),
-                      (size_t) reply->len);
+    rc = ngx_http_idempotency_claim_judge_record(r, ctx, (u_char *) reply->str,
+                                                 reply->len, &rec);
+
+    if (rc != NGX_OK || ctx->reply_kind != NGX_HTTP_IDEMPOTENCY_HIT) {
+        return rc;
+    }
+
+    cln = ngx_pool_cleanup_add(r->pool, 0);
+    if (cln == NULL) {
         return NGX_ERROR;
     }
 
-    if (rec.fp_len != sizeof(ctx->fingerprint)
-        || ngx_memcmp(rec.fp, ctx->fingerprint, rec.fp_len) != 0)
+    cln->handler = ngx_http_idempotency_free_reply;
+    cln->data = reply->str;
+
+    reply->str = NULL;
+    reply->len = 0;
+
+    if (rec.state == NGX_HTTP_IDEMPOTENCY_RECORD_SPLIT) {
+        return ngx_http_idempotency_body_fetch(r, ctx, &rec);
+    }
+
+    /* the node's cache gets it too, for as long as Redis keeps it */
+
+    if (ctx->conf->cache) {
+        ngx_http_idempotency_cache_fetched(ctx->conf->cache, ctx->conf->redis,
+                                           &ctx->rkey, r->connection->log);
+    }
+
+    return NGX_OK;
+}
+
+
+/*
+ * The replay cache, before Redis: a record found there is judged as one
+ * from Redis (a replay or 422); anything else goes to Redis.
+ */
+
+static ngx_int_t
+ngx_http_idempotency_claim_cached(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx)
+{
+    ngx_str_t                       v;
+    ngx_http_idempotency_record_t   rec;
+
+    ctx->cache = NGX_HTTP_IDEMPOTENCY_CACHE_MISS;
+
+    if (ngx_http_idempotency_cache_get(ctx->conf->cache, ctx->conf->redis,
+                                       &ctx->rkey, r->pool, &v)
+        != NGX_OK)
+    {
+        return NGX_DECLINED;
+    }
+
+    if (ngx_http_idempotency_claim_judge_record(r, ctx, v.data, v.len, &rec)
+        != NGX_OK
+        || (ctx->reply_kind != NGX_HTTP_IDEMPOTENCY_HIT
+            && ctx->reply_kind != NGX_HTTP_IDEMPOTENCY_MISMATCH)
+        || rec.state != NGX_HTTP_IDEMPOTENCY_RECORD_DONE)
+    {
+        return NGX_DECLINED;
+    }
+
+    ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "idempotency cache hit \"%V\"", &ctx->rkey);
+
+    ctx->cache = NGX_HTTP_IDEMPOTENCY_CACHE_HIT;
+
+    return NGX_OK;
+}
+
+
+/*
+ * A record's verdict for this request: the reply's fields point into
+ * "p", which must live as long as the request.
+ */
+
+static ngx_int_t
+ngx_http_idempotency_claim_judge_record(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, u_char *p, size_t len,
+    ngx_http_idempotency_record_t *rec)
+{
+    const char  *reason;
+
+    if (ngx_http_idempotency_record_parse(p, len, rec) != 0) {
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "idempotency: the record key_hash=%s is corrupt or "
+                      "not of this module (%uz bytes), not used",
+                      ngx_http_idempotency_key_hash(&ctx->rkey), len);
+        return NGX_ERROR;
+    }
+
+    if (rec->fp_len != sizeof(ctx->fingerprint)
+        || ngx_memcmp(rec->fp, ctx->fingerprint, rec->fp_len) != 0)
     {
         ctx->reply_kind = NGX_HTTP_IDEMPOTENCY_MISMATCH;
         return NGX_OK;
     }
 
-    switch (rec.state) {
+    switch (rec->state) {
 
     case NGX_HTTP_IDEMPOTENCY_RECORD_INFLIGHT:
         ctx->reply_kind = NGX_HTTP_IDEMPOTENCY_CONFLICT;
@@ -292,7 +387,7 @@ ngx_http_idempotency_claim_record(ngx_http_request_t *r,
      * a split record's head is checked before its body is fetched
      */
 
-    if (ngx_http_idempotency_record_validate(&rec, &reason) != 0) {
+    if (ngx_http_idempotency_record_validate(rec, &reason) != 0) {
         ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
                       "idempotency: the record key_hash=%s is corrupt: %s; "
                       "not replayed",
@@ -300,27 +395,12 @@ ngx_http_idempotency_claim_record(ngx_http_request_t *r,
         return NGX_ERROR;
     }
 
-    cln = ngx_pool_cleanup_add(r->pool, 0);
-    if (cln == NULL) {
-        return NGX_ERROR;
-    }
-
-    cln->handler = ngx_http_idempotency_free_reply;
-    cln->data = reply->str;
-
-    reply->str = NULL;
-    reply->len = 0;
-
     ctx->reply_kind = NGX_HTTP_IDEMPOTENCY_HIT;
-    ctx->reply_status = rec.status;
-    ctx->reply_headers.data = (u_char *) rec.headers;
-    ctx->reply_headers.len = rec.headers_len;
-    ctx->reply_body.data = (u_char *) rec.body;
-    ctx->reply_body.len = rec.body_len;
-
-    if (rec.state == NGX_HTTP_IDEMPOTENCY_RECORD_SPLIT) {
-        return ngx_http_idempotency_body_fetch(r, ctx, &rec);
-    }
+    ctx->reply_status = rec->status;
+    ctx->reply_headers.data = (u_char *) rec->headers;
+    ctx->reply_headers.len = rec->headers_len;
+    ctx->reply_body.data = (u_char *) rec->body;
+    ctx->reply_body.len = rec->body_len;
 
     return NGX_OK;
 }
@@ -882,6 +962,15 @@ ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx)
                    script == NGX_HTTP_IDEMPOTENCY_SCRIPT_RELEASE
                    ? "release" : "store", &ctx->rkey);
 
+    if (script == NGX_HTTP_IDEMPOTENCY_SCRIPT_STORE && ilcf->cache
+        && !ctx->hold && !ctx->oversize && more == NULL)
+    {
+        /* used once Redis has stored it: see the settle handler */
+        ngx_http_idempotency_cache_pending(ilcf->cache, ilcf->redis,
+                                           &ctx->rkey, &args[0], &args[1],
+                                           ilcf->ttl);
+    }
+
     if (script == NGX_HTTP_IDEMPOTENCY_SCRIPT_STORE) {
         /* a large body is written from ctx->record, which it may take */
         rc = ngx_http_idempotency_redis_store(ilcf->redis, &ctx->rkey, args,
@@ -938,6 +1027,14 @@ ngx_http_idempotency_settle_handler(void *data, redisReply *reply,
     what = release ? "releasing the claim on" : "storing the response for";
 
     ngx_http_idempotency_hold_settled(info);
+
+    if (!release) {
+        ngx_http_idempotency_cache_commit(&info->key, &info->arg,
+                               rc == NGX_HTTP_IDEMPOTENCY_REDIS_OK
+                               && reply->type == REDIS_REPLY_INTEGER
+                               && reply->integer
+                                  == NGX_HTTP_IDEMPOTENCY_STORE_DONE);
+    }
 
     if (rc != NGX_HTTP_IDEMPOTENCY_REDIS_OK) {
 

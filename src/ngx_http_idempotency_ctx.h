@@ -106,6 +106,9 @@ struct ngx_http_idempotency_ctx_s {
     /* a header-only response's header waits for Redis too */
     unsigned                             header_held:1;
 
+    /* $idempotency_cache: NGX_HTTP_IDEMPOTENCY_CACHE_* */
+    unsigned                             cache:2;
+
     /*
      * HTTP/1.x with a Content-Length: the body bytes passed on, and the
      * response's last byte, kept back until the last buffer comes

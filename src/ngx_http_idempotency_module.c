@@ -7,6 +7,7 @@
 #include "ngx_http_idempotency_module.h"
 #include "ngx_http_idempotency_redis_directive.h"
 #include "ngx_http_idempotency_body.h"
+#include "ngx_http_idempotency_cache.h"
 #include "ngx_http_idempotency_stats.h"
 #include "ngx_http_idempotency_scope.h"
 
@@ -220,6 +221,20 @@ static ngx_command_t  ngx_http_idempotency_commands[] = {
       0,
       NULL },
 
+    { ngx_string("idempotency_cache_zone"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE12,
+      ngx_http_idempotency_cache_zone,
+      0,
+      0,
+      NULL },
+
+    { ngx_string("idempotency_cache"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_idempotency_cache,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
       ngx_null_command
 };
 
@@ -398,6 +413,7 @@ ngx_http_idempotency_create_loc_conf(ngx_conf_t *cf)
     ilcf->hide_headers = NGX_CONF_UNSET_PTR;
     ilcf->pass_headers = NGX_CONF_UNSET_PTR;
     ilcf->scope_secret = NGX_CONF_UNSET_PTR;
+    ilcf->cache = NGX_CONF_UNSET_PTR;
 
     return ilcf;
 }
@@ -423,6 +439,7 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
                                   |NGX_HTTP_POST|NGX_HTTP_PATCH));
     ngx_conf_merge_value(conf->required, prev->required, 0);
     ngx_conf_merge_ptr_value(conf->scope_secret, prev->scope_secret, NULL);
+    ngx_conf_merge_ptr_value(conf->cache, prev->cache, NULL);
     ngx_conf_merge_msec_value(conf->wait, prev->wait, 0);
     ngx_conf_merge_size_value(conf->max_response_size,
                               prev->max_response_size, 1024 * 1024);
@@ -543,7 +560,15 @@ ngx_http_idempotency_init_process(ngx_cycle_t *cycle)
     imcf = ngx_http_cycle_get_module_main_conf(cycle,
                                                ngx_http_idempotency_module);
 
-    return ngx_http_idempotency_redis_init_process(cycle,
+    if (ngx_http_idempotency_redis_init_process(cycle,
+                                        (imcf && imcf->used) ? &imcf->redis
+                                                             : NULL)
+        != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    return ngx_http_idempotency_cache_init_process(cycle,
                                         (imcf && imcf->used) ? &imcf->redis
                                                              : NULL);
 }
@@ -557,6 +582,7 @@ ngx_http_idempotency_exit_process(ngx_cycle_t *cycle)
     imcf = ngx_http_cycle_get_module_main_conf(cycle,
                                                ngx_http_idempotency_module);
 
+    ngx_http_idempotency_cache_exit_process(cycle);
     ngx_http_idempotency_redis_exit_process(cycle,
                                             imcf ? &imcf->redis : NULL);
     ngx_http_idempotency_handler_exit_process(cycle);

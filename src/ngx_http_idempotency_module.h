@@ -99,6 +99,7 @@ typedef struct {
     ngx_http_idempotency_scope_secret_t *scope_secret;  /* NULL: none */
     ngx_flag_t                           admin;   /* idempotency_admin here */
     ngx_uint_t                           on_upstream_error;
+    ngx_shm_zone_t                      *cache;   /* idempotency_cache */
 } ngx_http_idempotency_loc_conf_t;
 
 

@@ -123,7 +123,11 @@ static ngx_http_idempotency_redis_cmd_t
 
     /* a split record's body: written before its head, read for a replay */
     { "body store", NULL, 0, "", "SET", NULL },
-    { "body read", NULL, 0, "", "GET", NULL }
+    { "body read", NULL, 0, "", "GET", NULL },
+
+    /* a record and its remaining TTL, for the replay cache */
+    { "cache fetch", ngx_http_idempotency_lua_cache,
+      sizeof(ngx_http_idempotency_lua_cache) - 1, "", NULL, NULL }
 };
 
 

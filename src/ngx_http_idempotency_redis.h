@@ -25,6 +25,7 @@ typedef enum {
     NGX_HTTP_IDEMPOTENCY_SCRIPT_PURGE,
     NGX_HTTP_IDEMPOTENCY_SCRIPT_BODY_SET,   /* SET <chunk key> <chunk> PX */
     NGX_HTTP_IDEMPOTENCY_SCRIPT_BODY_GET,   /* GET <chunk key> */
+    NGX_HTTP_IDEMPOTENCY_SCRIPT_CACHE_FETCH, /* record and PTTL (cache) */
     NGX_HTTP_IDEMPOTENCY_SCRIPT_N
 } ngx_http_idempotency_script_e;
 

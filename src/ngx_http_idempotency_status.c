@@ -5,6 +5,7 @@
  */
 
 #include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_cache.h"
 #include "ngx_http_idempotency_stats.h"
 #include "ngx_http_idempotency_version.h"
 
@@ -47,6 +48,8 @@ static u_char *ngx_http_idempotency_status_conns_prometheus(u_char *p,
     ngx_http_idempotency_redis_conn_t *conns, ngx_uint_t n);
 static u_char *ngx_http_idempotency_decimal(u_char *p, ngx_uint_t value,
     ngx_uint_t scale);
+static ngx_atomic_uint_t ngx_http_idempotency_status_value(
+    ngx_http_idempotency_stats_t *stats, ngx_uint_t i);
 
 
 #define ngx_http_idempotency_metric(family, label, group, field, help)        \
@@ -133,8 +136,26 @@ static ngx_http_idempotency_metric_t  ngx_http_idempotency_metrics[] = {
         "parked", "Stores and releases kept in a worker for a retry."),
     ngx_http_idempotency_metric("redis_given_up_total", "", "redis",
         "given_up", "Stores and releases given up: deadline passed, retry "
-        "buffer full, or the worker exiting.")
+        "buffer full, or the worker exiting."),
+
+    ngx_http_idempotency_metric("cache_hits_total", "", "cache", "hits",
+        "Replays served from this node's idempotency_cache zones."),
+    ngx_http_idempotency_metric("cache_misses_total", "", "cache", "misses",
+        "Lookups in idempotency_cache zones that went on to Redis."),
+    ngx_http_idempotency_metric("cache_evictions_total", "", "cache",
+        "evictions", "Cached records removed to make room (least recently "
+        "used first)."),
+    ngx_http_idempotency_metric("cache_entries", "", "cache", "entries",
+        "Entries in this node's idempotency_cache zones now."),
+    ngx_http_idempotency_metric("cache_bytes", "", "cache", "bytes",
+        "Bytes of the entries in this node's idempotency_cache zones now.")
 };
+
+
+/* values now rather than counts: read from the cache zones */
+#define ngx_http_idempotency_metric_gauge(i)                                 \
+    ((i) == NGX_HTTP_IDEMPOTENCY_STAT_CACHE_ENTRIES                           \
+     || (i) == NGX_HTTP_IDEMPOTENCY_STAT_CACHE_BYTES)
 
 
 char *
@@ -462,7 +483,7 @@ ngx_http_idempotency_status_json(u_char *p,
 
     for (i = 0; i < NGX_HTTP_IDEMPOTENCY_STAT_N; i++) {
         m = &ngx_http_idempotency_metrics[i];
-        v = stats->counter[i];
+        v = ngx_http_idempotency_status_value(stats, i);
 
         if (i == 0 || m->group.len != m[-1].group.len
             || ngx_strncmp(m->group.data, m[-1].group.data, m->group.len)
@@ -521,13 +542,15 @@ ngx_http_idempotency_status_prometheus(u_char *p,
 
     for (i = 0; i < NGX_HTTP_IDEMPOTENCY_STAT_N; i++) {
         m = &ngx_http_idempotency_metrics[i];
-        v = stats->counter[i];
+        v = ngx_http_idempotency_status_value(stats, i);
 
         if (m->help.len) {
             p = ngx_sprintf(p,
                     "# HELP " NGX_HTTP_IDEMPOTENCY_PREFIX "%V %V\n"
-                    "# TYPE " NGX_HTTP_IDEMPOTENCY_PREFIX "%V counter\n",
-                    &m->family, &m->help, &m->family);
+                    "# TYPE " NGX_HTTP_IDEMPOTENCY_PREFIX "%V %s\n",
+                    &m->family, &m->help, &m->family,
+                    ngx_http_idempotency_metric_gauge(i)
+                    ? "gauge" : "counter");
         }
 
         p = ngx_sprintf(p, NGX_HTTP_IDEMPOTENCY_PREFIX "%V", &m->family);
@@ -573,6 +596,23 @@ ngx_http_idempotency_status_prometheus(u_char *p,
             v / 1000000, v % 1000000, count);
 
     return p;
+}
+
+
+static ngx_atomic_uint_t
+ngx_http_idempotency_status_value(ngx_http_idempotency_stats_t *stats,
+    ngx_uint_t i)
+{
+    size_t      bytes;
+    ngx_uint_t  entries;
+
+    if (!ngx_http_idempotency_metric_gauge(i)) {
+        return stats->counter[i];
+    }
+
+    ngx_http_idempotency_cache_totals(&entries, &bytes);
+
+    return (i == NGX_HTTP_IDEMPOTENCY_STAT_CACHE_ENTRIES) ? entries : bytes;
 }
 
 

@@ -5,12 +5,15 @@
 
 #include "ngx_http_idempotency_module.h"
 #include "ngx_http_idempotency_ctx.h"
+#include "ngx_http_idempotency_cache.h"
 #include "ngx_http_idempotency_stats.h"
 
 
 static ngx_int_t ngx_http_idempotency_status_variable(ngx_http_request_t *r,
     ngx_http_variable_value_t *v, uintptr_t data);
 static ngx_int_t ngx_http_idempotency_key_variable(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data);
+static ngx_int_t ngx_http_idempotency_cache_variable(ngx_http_request_t *r,
     ngx_http_variable_value_t *v, uintptr_t data);
 static ngx_int_t ngx_http_idempotency_outcome_log_handler(
     ngx_http_request_t *r);
@@ -24,6 +27,10 @@ static ngx_http_variable_t  ngx_http_idempotency_vars[] = {
 
     { ngx_string("idempotency_key"), NULL,
       ngx_http_idempotency_key_variable, 0,
+      NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("idempotency_cache"), NULL,
+      ngx_http_idempotency_cache_variable, 0,
       NGX_HTTP_VAR_NOCACHEABLE, 0 },
 
       ngx_http_null_variable
@@ -146,6 +153,37 @@ ngx_http_idempotency_status_variable(ngx_http_request_t *r,
     v->no_cacheable = 1;
     v->not_found = 0;
     v->data = name->data;
+
+    return NGX_OK;
+}
+
+
+/* where a replay came from: "HIT" this node's cache, "MISS" Redis, "-" */
+
+static ngx_int_t
+ngx_http_idempotency_cache_variable(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data)
+{
+    ngx_http_idempotency_ctx_t  *ctx;
+
+    ctx = ngx_http_idempotency_get_ctx(r->main);
+
+    v->valid = 1;
+    v->no_cacheable = 1;
+    v->not_found = 0;
+
+    if (ctx == NULL || ctx->cache == NGX_HTTP_IDEMPOTENCY_CACHE_NONE) {
+        v->len = 1;
+        v->data = (u_char *) "-";
+
+    } else if (ctx->cache == NGX_HTTP_IDEMPOTENCY_CACHE_HIT) {
+        v->len = 3;
+        v->data = (u_char *) "HIT";
+
+    } else {
+        v->len = 4;
+        v->data = (u_char *) "MISS";
+    }
 
     return NGX_OK;
 }

@@ -60,8 +60,11 @@ for my $cmd (sort keys %used) {
        "$cmd (sent by $used{$cmd}) is allowed by the ACL line");
 }
 
-# run it as written, against the test Redis
+# run it as written, against the test Redis; Redis 6.0 has no channel
+# rights and refuses their '&' word: the page says to leave it out there
 my $line = $acl =~ s/^redis-cli /@cli /r;
+my ($version) = `@cli INFO server` =~ /^redis_version:(\d+\.\d+)/m;
+$line =~ s/ '&[^']*'//g if defined $version && $version < 6.2;
 my $out = `$line 2>&1`;
 is($out, "OK\n", 'the ACL SETUSER line runs as written') or diag($out);
 $ENV{TEST_NGINX_ACL_USER} = $user;

@@ -1,0 +1,1161 @@
+/*
+ * The replay cache: completed records in a shared memory zone of the node,
+ * in front of Redis.  HTTP side; reads a record's remaining TTL through
+ * the records layer.  Its purge listener is ngx_http_idempotency_cache_sub.c.
+ *
+ * An entry is one slab block: the node of a red-black tree keyed by a
+ * hash of the Redis identity and the record key (the full key compared
+ * behind it), its place in the LRU queue, its expiry (ngx_current_msec,
+ * CLOCK_MONOTONIC, the same in every worker and across reloads), then the
+ * key, the fence of a pending store and the record.  Every access holds
+ * the slab pool's own mutex, which nginx frees when a worker dies holding
+ * it; "dirty" is set while the tree is being changed, so that the next
+ * locker after such a death starts the zone afresh rather than walk a
+ * half-changed tree.
+ */
+
+#include <ngx_config.h>
+#include <ngx_core.h>
+#include <ngx_http.h>
+
+#include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_cache.h"
+#include "ngx_http_idempotency_record.h"
+#include "ngx_http_idempotency_stats.h"
+
+
+/* an entry that is not a record: not served, removed when it expires */
+#define NGX_HTTP_IDEMPOTENCY_CACHE_READY    0
+#define NGX_HTTP_IDEMPOTENCY_CACHE_PENDING  1   /* store not acknowledged */
+#define NGX_HTTP_IDEMPOTENCY_CACHE_TOMB     2   /* purged just now */
+
+/* how long a purge keeps records read before it out */
+#define NGX_HTTP_IDEMPOTENCY_CACHE_TOMB_MS  2000
+
+/* workers that listen for purges at once: worker 0 of old and new cycles */
+#define NGX_HTTP_IDEMPOTENCY_CACHE_LISTENERS  8
+
+/* entries evicted at most to make room for one */
+#define NGX_HTTP_IDEMPOTENCY_CACHE_EVICT_MAX  64
+
+
+typedef struct {
+    ngx_rbtree_node_t                    node;
+    ngx_queue_t                          queue;
+    ngx_msec_t                           expire;
+    uint64_t                             epoch;
+    size_t                               len;       /* of the record */
+    uint32_t                             rid;       /* the Redis */
+    uint16_t                             key_len;
+    uint16_t                             fence_len;
+    u_char                               state;
+    u_char                               data[1];   /* key, fence, record */
+} ngx_http_idempotency_cache_node_t;
+
+
+typedef struct {
+    ngx_rbtree_t                         rbtree;
+    ngx_rbtree_node_t                    sentinel;
+    ngx_queue_t                          lru;
+    ngx_uint_t                           dirty;
+    uint64_t                             epoch;
+    ngx_uint_t                           entries;
+    size_t                               bytes;
+
+    /* the last reload that kept the zone (ngx_current_msec), or 0 */
+    ngx_msec_t                           reloaded;
+
+    /* the workers listening for purges now, and whether any ever did */
+    ngx_pid_t                 listeners[NGX_HTTP_IDEMPOTENCY_CACHE_LISTENERS];
+    ngx_uint_t                           listened;
+} ngx_http_idempotency_cache_sh_t;
+
+
+typedef struct {
+    ngx_slab_pool_t                     *shpool;
+    size_t                               max_size;
+} ngx_http_idempotency_cache_t;
+
+
+/* a record's TTL being read from Redis: where it goes then */
+typedef struct {
+    ngx_shm_zone_t                      *zone;
+    ngx_msec_t                           sent;
+    uint32_t                             rid;
+    size_t                               key_len;
+    u_char                               key[1];
+} ngx_http_idempotency_cache_fetch_t;
+
+
+static ngx_int_t ngx_http_idempotency_cache_init_zone(
+    ngx_shm_zone_t *shm_zone, void *data);
+static ngx_int_t ngx_http_idempotency_cache_init_sh(ngx_slab_pool_t *shpool);
+static void ngx_http_idempotency_cache_rbtree_insert(
+    ngx_rbtree_node_t *temp, ngx_rbtree_node_t *node,
+    ngx_rbtree_node_t *sentinel);
+static ngx_http_idempotency_cache_sh_t *ngx_http_idempotency_cache_lock(
+    ngx_http_idempotency_cache_t *cache);
+static void ngx_http_idempotency_cache_unlock(
+    ngx_http_idempotency_cache_t *cache, ngx_http_idempotency_cache_sh_t *sh);
+static ngx_http_idempotency_cache_node_t *ngx_http_idempotency_cache_find(
+    ngx_http_idempotency_cache_sh_t *sh, ngx_rbtree_key_t hash, uint32_t rid,
+    ngx_str_t *rkey);
+static ngx_int_t ngx_http_idempotency_cache_cmp(ngx_rbtree_key_t hash,
+    uint32_t rid, ngx_str_t *rkey, ngx_http_idempotency_cache_node_t *cn);
+static ngx_http_idempotency_cache_node_t *
+    ngx_http_idempotency_cache_pending_find(ngx_rbtree_node_t *node,
+    ngx_rbtree_node_t *sentinel, ngx_rbtree_key_t hash, ngx_str_t *rkey,
+    ngx_str_t *fence);
+static ngx_http_idempotency_cache_node_t *ngx_http_idempotency_cache_add(
+    ngx_http_idempotency_cache_t *cache, ngx_http_idempotency_cache_sh_t *sh,
+    ngx_rbtree_key_t hash, uint32_t rid, ngx_str_t *rkey, ngx_str_t *fence,
+    ngx_str_t *record, ngx_uint_t state, ngx_msec_t expire);
+static void ngx_http_idempotency_cache_delete(
+    ngx_http_idempotency_cache_t *cache, ngx_http_idempotency_cache_sh_t *sh,
+    ngx_http_idempotency_cache_node_t *cn);
+static void ngx_http_idempotency_cache_expire(
+    ngx_http_idempotency_cache_t *cache, ngx_http_idempotency_cache_sh_t *sh,
+    ngx_uint_t force);
+static void ngx_http_idempotency_cache_ttl_handler(void *data,
+    redisReply *reply, ngx_uint_t rc);
+static ngx_rbtree_key_t ngx_http_idempotency_cache_hash(ngx_str_t *rkey);
+static uint32_t ngx_http_idempotency_cache_rid(
+    ngx_http_idempotency_redis_conf_t *rcf);
+static ngx_uint_t ngx_http_idempotency_cache_zones(ngx_shm_zone_t **out,
+    ngx_uint_t n);
+
+
+/* the zones' tag: the address of this, in the module loaded now */
+static ngx_uint_t  ngx_http_idempotency_cache_tag;
+
+
+/* idempotency_cache_zone NAME:SIZE [max_size=SIZE] */
+
+char *
+ngx_http_idempotency_cache_zone(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    u_char                        *p;
+    size_t                         size, max_size;
+    ssize_t                        n;
+    ngx_str_t                     *value, name, s;
+    ngx_uint_t                     i;
+    ngx_shm_zone_t                *shm_zone;
+    ngx_http_idempotency_cache_t  *cache;
+
+    value = cf->args->elts;
+
+    p = (u_char *) ngx_strchr(value[1].data, ':');
+
+    if (p == NULL || p == value[1].data) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid zone \"%V\", NAME:SIZE is expected",
+                           &value[1]);
+        return NGX_CONF_ERROR;
+    }
+
+    name.data = value[1].data;
+    name.len = p - value[1].data;
+
+    s.data = p + 1;
+    s.len = value[1].data + value[1].len - s.data;
+
+    n = ngx_parse_size(&s);
+
+    if (n == NGX_ERROR) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid size of zone \"%V\"", &value[1]);
+        return NGX_CONF_ERROR;
+    }
+
+    size = (size_t) n;
+
+    if (size < (size_t) (8 * ngx_pagesize)) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "zone \"%V\" is too small: %uz bytes, at least "
+                           "%uz", &name, size, (size_t) (8 * ngx_pagesize));
+        return NGX_CONF_ERROR;
+    }
+
+    max_size = 256 * 1024;
+
+    for (i = 2; i < cf->args->nelts; i++) {
+
+        if (ngx_strncmp(value[i].data, "max_size=", 9) == 0) {
+            s.data = value[i].data + 9;
+            s.len = value[i].len - 9;
+
+            n = ngx_parse_size(&s);
+
+            if (n == NGX_ERROR || n == 0) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "invalid max_size \"%V\"", &value[i]);
+                return NGX_CONF_ERROR;
+            }
+
+            max_size = (size_t) n;
+            continue;
+        }
+
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid parameter \"%V\"", &value[i]);
+        return NGX_CONF_ERROR;
+    }
+
+    if (max_size > size / 2) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "max_size of zone \"%V\" must be at most half "
+                           "its size", &name);
+        return NGX_CONF_ERROR;
+    }
+
+    shm_zone = ngx_shared_memory_add(cf, &name, size,
+                                     &ngx_http_idempotency_cache_tag);
+    if (shm_zone == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    if (shm_zone->data) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "duplicate zone \"%V\"", &name);
+        return NGX_CONF_ERROR;
+    }
+
+    cache = ngx_pcalloc(cf->pool, sizeof(ngx_http_idempotency_cache_t));
+    if (cache == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    cache->max_size = max_size;
+
+    shm_zone->init = ngx_http_idempotency_cache_init_zone;
+    shm_zone->data = cache;
+
+    return NGX_CONF_OK;
+}
+
+
+/* idempotency_cache NAME | off */
+
+char *
+ngx_http_idempotency_cache(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_idempotency_loc_conf_t *ilcf = conf;
+
+    ngx_str_t  *value;
+
+    if (ilcf->cache != NGX_CONF_UNSET_PTR) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    if (ngx_strcmp(value[1].data, "off") == 0) {
+        ilcf->cache = NULL;
+        return NGX_CONF_OK;
+    }
+
+    /* sized by idempotency_cache_zone, here or later in the file */
+
+    ilcf->cache = ngx_shared_memory_add(cf, &value[1], 0,
+                                        &ngx_http_idempotency_cache_tag);
+    if (ilcf->cache == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+/*
+ * Kept across a reload with its entries when name, size and tag are the
+ * same (nginx then hands the old data over); a new size, or a new build
+ * of the module, starts empty.
+ */
+
+static ngx_int_t
+ngx_http_idempotency_cache_init_zone(ngx_shm_zone_t *shm_zone, void *data)
+{
+    ngx_http_idempotency_cache_t  *ocache = data;
+
+    ngx_http_idempotency_cache_t     *cache;
+    ngx_http_idempotency_cache_sh_t  *sh;
+
+    cache = shm_zone->data;
+    cache->shpool = (ngx_slab_pool_t *) shm_zone->shm.addr;
+
+    if (ocache) {
+        /* the master, at a reload: the old worker 0 waits for the new */
+
+        sh = ngx_http_idempotency_cache_lock(cache);
+        if (sh != NULL) {
+            sh->reloaded = ngx_current_msec;
+            ngx_http_idempotency_cache_unlock(cache, sh);
+        }
+
+        return NGX_OK;
+    }
+
+    if (shm_zone->shm.exists) {
+        return NGX_OK;
+    }
+
+    return ngx_http_idempotency_cache_init_sh(cache->shpool);
+}
+
+
+static ngx_int_t
+ngx_http_idempotency_cache_init_sh(ngx_slab_pool_t *shpool)
+{
+    ngx_http_idempotency_cache_sh_t  *sh;
+
+    sh = ngx_slab_alloc_locked(shpool,
+                               sizeof(ngx_http_idempotency_cache_sh_t));
+    if (sh == NULL) {
+        return NGX_ERROR;
+    }
+
+    ngx_rbtree_init(&sh->rbtree, &sh->sentinel,
+                    ngx_http_idempotency_cache_rbtree_insert);
+    ngx_queue_init(&sh->lru);
+
+    sh->dirty = 0;
+    sh->epoch = 1;
+    sh->entries = 0;
+    sh->bytes = 0;
+    sh->listened = 0;
+    sh->reloaded = 0;
+    ngx_memzero(sh->listeners, sizeof(sh->listeners));
+
+    shpool->data = sh;
+
+    /* a full zone evicts: no "no memory" line for each time */
+    shpool->log_nomem = 0;
+
+    return NGX_OK;
+}
+
+
+static void
+ngx_http_idempotency_cache_rbtree_insert(ngx_rbtree_node_t *temp,
+    ngx_rbtree_node_t *node, ngx_rbtree_node_t *sentinel)
+{
+    ngx_str_t                           key;
+    ngx_rbtree_node_t                 **p;
+    ngx_http_idempotency_cache_node_t  *cn;
+
+    cn = (ngx_http_idempotency_cache_node_t *) node;
+    key.data = cn->data;
+    key.len = cn->key_len;
+
+    for ( ;; ) {
+        p = (ngx_http_idempotency_cache_cmp(node->key, cn->rid, &key,
+                                (ngx_http_idempotency_cache_node_t *) temp)
+             < 0)
+            ? &temp->left : &temp->right;
+
+        if (*p == sentinel) {
+            break;
+        }
+
+        temp = *p;
+    }
+
+    *p = node;
+    node->parent = temp;
+    node->left = sentinel;
+    node->right = sentinel;
+    ngx_rbt_red(node);
+}
+
+
+/*
+ * The slab mutex: nginx frees it when its holder dies.  The tree it
+ * guards may then be half changed ("dirty"): the zone starts afresh.
+ */
+
+static ngx_http_idempotency_cache_sh_t *
+ngx_http_idempotency_cache_lock(ngx_http_idempotency_cache_t *cache)
+{
+    ngx_http_idempotency_cache_sh_t  *sh;
+
+    ngx_shmtx_lock(&cache->shpool->mutex);
+
+    sh = cache->shpool->data;
+
+    if (sh == NULL || sh->dirty) {
+        ngx_slab_init(cache->shpool);
+
+        if (ngx_http_idempotency_cache_init_sh(cache->shpool) != NGX_OK) {
+            ngx_shmtx_unlock(&cache->shpool->mutex);
+            return NULL;
+        }
+
+        sh = cache->shpool->data;
+    }
+
+    sh->dirty = 1;
+
+    return sh;
+}
+
+
+static void
+ngx_http_idempotency_cache_unlock(ngx_http_idempotency_cache_t *cache,
+    ngx_http_idempotency_cache_sh_t *sh)
+{
+    sh->dirty = 0;
+    ngx_shmtx_unlock(&cache->shpool->mutex);
+}
+
+
+ngx_int_t
+ngx_http_idempotency_cache_get(ngx_shm_zone_t *zone,
+    ngx_http_idempotency_redis_conf_t *rcf, ngx_str_t *rkey,
+    ngx_pool_t *pool, ngx_str_t *out)
+{
+    u_char                             *p;
+    uint32_t                            rid;
+    ngx_rbtree_key_t                    hash;
+    ngx_http_idempotency_cache_t       *cache;
+    ngx_http_idempotency_cache_sh_t    *sh;
+    ngx_http_idempotency_cache_node_t  *cn;
+
+    cache = zone->data;
+    rid = ngx_http_idempotency_cache_rid(rcf);
+    hash = ngx_http_idempotency_cache_hash(rkey);
+    p = NULL;
+
+    sh = ngx_http_idempotency_cache_lock(cache);
+    if (sh == NULL) {
+        return NGX_DECLINED;
+    }
+
+    cn = ngx_http_idempotency_cache_find(sh, hash, rid, rkey);
+
+    if (cn != NULL
+        && ((ngx_msec_int_t) (cn->expire - ngx_current_msec) <= 0
+            || cn->epoch != sh->epoch))
+    {
+        ngx_http_idempotency_cache_delete(cache, sh, cn);
+        cn = NULL;
+    }
+
+    if (cn != NULL && cn->state == NGX_HTTP_IDEMPOTENCY_CACHE_READY) {
+
+        /* a copy: the entry may go as soon as the lock is released */
+
+        p = ngx_pnalloc(pool, cn->len);
+
+        if (p != NULL) {
+            ngx_memcpy(p, cn->data + cn->key_len + cn->fence_len, cn->len);
+            out->data = p;
+            out->len = cn->len;
+
+            ngx_queue_remove(&cn->queue);
+            ngx_queue_insert_head(&sh->lru, &cn->queue);
+        }
+    }
+
+    ngx_http_idempotency_cache_unlock(cache, sh);
+
+    if (p == NULL) {
+        ngx_http_idempotency_stat_inc(NGX_HTTP_IDEMPOTENCY_STAT_CACHE_MISS);
+        return NGX_DECLINED;
+    }
+
+    ngx_http_idempotency_stat_inc(NGX_HTTP_IDEMPOTENCY_STAT_CACHE_HIT);
+
+    return NGX_OK;
+}
+
+
+static ngx_http_idempotency_cache_node_t *
+ngx_http_idempotency_cache_find(ngx_http_idempotency_cache_sh_t *sh,
+    ngx_rbtree_key_t hash, uint32_t rid, ngx_str_t *rkey)
+{
+    ngx_int_t                           rc;
+    ngx_rbtree_node_t                  *node, *sentinel;
+    ngx_http_idempotency_cache_node_t  *cn;
+
+    node = sh->rbtree.root;
+    sentinel = sh->rbtree.sentinel;
+
+    while (node != sentinel) {
+        cn = (ngx_http_idempotency_cache_node_t *) node;
+
+        rc = ngx_http_idempotency_cache_cmp(hash, rid, rkey, cn);
+
+        if (rc == 0) {
+            return cn;
+        }
+
+        node = (rc < 0) ? node->left : node->right;
+    }
+
+    return NULL;
+}
+
+
+/* the order of the tree: hash, then Redis, then the key itself */
+
+static ngx_int_t
+ngx_http_idempotency_cache_cmp(ngx_rbtree_key_t hash, uint32_t rid,
+    ngx_str_t *rkey, ngx_http_idempotency_cache_node_t *cn)
+{
+    if (hash != cn->node.key) {
+        return (hash < cn->node.key) ? -1 : 1;
+    }
+
+    if (rid != cn->rid) {
+        return (rid < cn->rid) ? -1 : 1;
+    }
+
+    return ngx_memn2cmp(rkey->data, cn->data, rkey->len, cn->key_len);
+}
+
+
+/*
+ * The pending entry of "rkey" under "fence", whatever its Redis: the
+ * entries of one hash are searched on both sides (they are few).
+ */
+
+static ngx_http_idempotency_cache_node_t *
+ngx_http_idempotency_cache_pending_find(ngx_rbtree_node_t *node,
+    ngx_rbtree_node_t *sentinel, ngx_rbtree_key_t hash, ngx_str_t *rkey,
+    ngx_str_t *fence)
+{
+    ngx_http_idempotency_cache_node_t  *cn;
+
+    while (node != sentinel) {
+
+        if (hash != node->key) {
+            node = (hash < node->key) ? node->left : node->right;
+            continue;
+        }
+
+        cn = (ngx_http_idempotency_cache_node_t *) node;
+
+        if (cn->state == NGX_HTTP_IDEMPOTENCY_CACHE_PENDING
+            && cn->key_len == rkey->len && cn->fence_len == fence->len
+            && ngx_memcmp(cn->data, rkey->data, rkey->len) == 0
+            && ngx_memcmp(cn->data + cn->key_len, fence->data, fence->len)
+               == 0)
+        {
+            return cn;
+        }
+
+        cn = ngx_http_idempotency_cache_pending_find(node->left, sentinel,
+                                                     hash, rkey, fence);
+        if (cn != NULL) {
+            return cn;
+        }
+
+        node = node->right;
+    }
+
+    return NULL;
+}
+
+
+/* room is made by expiry first, then by evicting the least recent */
+
+static ngx_http_idempotency_cache_node_t *
+ngx_http_idempotency_cache_add(ngx_http_idempotency_cache_t *cache,
+    ngx_http_idempotency_cache_sh_t *sh, ngx_rbtree_key_t hash, uint32_t rid,
+    ngx_str_t *rkey, ngx_str_t *fence, ngx_str_t *record, ngx_uint_t state,
+    ngx_msec_t expire)
+{
+    u_char                             *p;
+    size_t                              size;
+    ngx_uint_t                          i;
+    ngx_http_idempotency_cache_node_t  *cn;
+
+    size = offsetof(ngx_http_idempotency_cache_node_t, data)
+           + rkey->len + fence->len + record->len;
+
+    ngx_http_idempotency_cache_expire(cache, sh, 0);
+
+    cn = ngx_slab_alloc_locked(cache->shpool, size);
+
+    for (i = 0; cn == NULL && i < NGX_HTTP_IDEMPOTENCY_CACHE_EVICT_MAX; i++) {
+
+        if (ngx_queue_empty(&sh->lru)) {
+            break;
+        }
+
+        ngx_http_idempotency_cache_expire(cache, sh, 1);
+        cn = ngx_slab_alloc_locked(cache->shpool, size);
+    }
+
+    if (cn == NULL) {
+        return NULL;
+    }
+
+    cn->node.key = hash;
+    cn->expire = expire;
+    cn->epoch = sh->epoch;
+    cn->len = record->len;
+    cn->rid = rid;
+    cn->key_len = (uint16_t) rkey->len;
+    cn->fence_len = (uint16_t) fence->len;
+    cn->state = (u_char) state;
+
+    p = ngx_cpymem(cn->data, rkey->data, rkey->len);
+
+    /* a tomb has neither */
+
+    if (fence->len) {
+        p = ngx_cpymem(p, fence->data, fence->len);
+    }
+
+    if (record->len) {
+        ngx_memcpy(p, record->data, record->len);
+    }
+
+    ngx_rbtree_insert(&sh->rbtree, &cn->node);
+    ngx_queue_insert_head(&sh->lru, &cn->queue);
+
+    sh->entries++;
+    sh->bytes += size;
+
+    return cn;
+}
+
+
+static void
+ngx_http_idempotency_cache_delete(ngx_http_idempotency_cache_t *cache,
+    ngx_http_idempotency_cache_sh_t *sh,
+    ngx_http_idempotency_cache_node_t *cn)
+{
+    ngx_queue_remove(&cn->queue);
+    ngx_rbtree_delete(&sh->rbtree, &cn->node);
+
+    sh->entries--;
+    sh->bytes -= offsetof(ngx_http_idempotency_cache_node_t, data)
+                 + cn->key_len + cn->fence_len + cn->len;
+
+    ngx_slab_free_locked(cache->shpool, cn);
+}
+
+
+/*
+ * Up to two expired entries at the LRU tail go; with "force", the tail
+ * goes whatever its expiry (an eviction, counted).
+ */
+
+static void
+ngx_http_idempotency_cache_expire(ngx_http_idempotency_cache_t *cache,
+    ngx_http_idempotency_cache_sh_t *sh, ngx_uint_t force)
+{
+    ngx_uint_t                          n;
+    ngx_queue_t                        *q;
+    ngx_http_idempotency_cache_node_t  *cn;
+
+    for (n = 0; n < 2 && !ngx_queue_empty(&sh->lru); n++) {
+        q = ngx_queue_last(&sh->lru);
+        cn = ngx_queue_data(q, ngx_http_idempotency_cache_node_t, queue);
+
+        if ((ngx_msec_int_t) (cn->expire - ngx_current_msec) > 0
+            && cn->epoch == sh->epoch)
+        {
+            if (!force) {
+                return;
+            }
+
+            force = 0;
+
+            if (cn->state == NGX_HTTP_IDEMPOTENCY_CACHE_READY) {
+                ngx_http_idempotency_stat_inc(
+                                    NGX_HTTP_IDEMPOTENCY_STAT_CACHE_EVICTED);
+            }
+        }
+
+        ngx_http_idempotency_cache_delete(cache, sh, cn);
+    }
+}
+
+
+/*
+ * One more round trip, after the reply: the record again with its
+ * remaining TTL, read together (a GET and a PTTL in one script), so that
+ * the entry lives no longer than the record in Redis.
+ */
+
+void
+ngx_http_idempotency_cache_fetched(ngx_shm_zone_t *zone,
+    ngx_http_idempotency_redis_conf_t *rcf, ngx_str_t *rkey, ngx_log_t *log)
+{
+    ngx_str_t                            arg;
+    ngx_http_idempotency_cache_fetch_t  *f;
+
+    f = ngx_alloc(offsetof(ngx_http_idempotency_cache_fetch_t, key)
+                  + rkey->len, log);
+    if (f == NULL) {
+        return;
+    }
+
+    f->zone = zone;
+    f->sent = ngx_current_msec;
+    f->rid = ngx_http_idempotency_cache_rid(rcf);
+    f->key_len = rkey->len;
+    ngx_memcpy(f->key, rkey->data, rkey->len);
+
+    ngx_str_null(&arg);
+
+    if (ngx_http_idempotency_redis_script(rcf,
+                                   NGX_HTTP_IDEMPOTENCY_SCRIPT_CACHE_FETCH,
+                                   rkey, &arg, 0,
+                                   ngx_http_idempotency_cache_ttl_handler, f,
+                                   log)
+        == NULL)
+    {
+        ngx_free(f);
+    }
+}
+
+
+static void
+ngx_http_idempotency_cache_ttl_handler(void *data, redisReply *reply,
+    ngx_uint_t rc)
+{
+    ngx_http_idempotency_cache_fetch_t *f = data;
+
+    ngx_str_t                           key, record, none;
+    ngx_rbtree_key_t                    hash;
+    redisReply                         *v, *ttl;
+    ngx_http_idempotency_cache_t       *cache;
+    ngx_http_idempotency_record_t       rec;
+    ngx_http_idempotency_cache_sh_t    *sh;
+    ngx_http_idempotency_cache_node_t  *cn, *tomb;
+
+    cache = f->zone->data;
+
+    if (rc != NGX_HTTP_IDEMPOTENCY_REDIS_OK
+        || reply->type != REDIS_REPLY_ARRAY || reply->elements != 2)
+    {
+        goto done;
+    }
+
+    v = reply->element[0];
+    ttl = reply->element[1];
+
+    if (v->type != REDIS_REPLY_STRING || ttl->type != REDIS_REPLY_INTEGER
+        || ttl->integer <= 0 || (size_t) v->len > cache->max_size)
+    {
+        goto done;
+    }
+
+    /* completed records only; a split one's body is not in it */
+
+    if (ngx_http_idempotency_record_parse((u_char *) v->str, v->len, &rec)
+        != 0
+        || rec.state != NGX_HTTP_IDEMPOTENCY_RECORD_DONE)
+    {
+        goto done;
+    }
+
+    key.data = f->key;
+    key.len = f->key_len;
+    record.data = (u_char *) v->str;
+    record.len = v->len;
+    ngx_str_null(&none);
+    hash = ngx_http_idempotency_cache_hash(&key);
+
+    sh = ngx_http_idempotency_cache_lock(cache);
+    if (sh == NULL) {
+        goto done;
+    }
+
+    /* purged since this was read, perhaps: not trusted */
+
+    tomb = ngx_http_idempotency_cache_find(sh,
+                               ngx_http_idempotency_cache_hash(&key), 0,
+                               &key);
+
+    if (tomb != NULL
+        && (ngx_msec_int_t) (tomb->expire - ngx_current_msec) <= 0)
+    {
+        ngx_http_idempotency_cache_delete(cache, sh, tomb);
+        tomb = NULL;
+    }
+
+    cn = ngx_http_idempotency_cache_find(sh, hash, f->rid, &key);
+
+    if (tomb == NULL && cn != NULL
+        && cn->state != NGX_HTTP_IDEMPOTENCY_CACHE_PENDING)
+    {
+        ngx_http_idempotency_cache_delete(cache, sh, cn);
+        cn = NULL;
+    }
+
+    if (tomb == NULL && cn == NULL) {
+        (void) ngx_http_idempotency_cache_add(cache, sh, hash, f->rid, &key,
+                                  &none, &record,
+                                  NGX_HTTP_IDEMPOTENCY_CACHE_READY,
+                                  f->sent + (ngx_msec_t) ttl->integer);
+    }
+
+    ngx_http_idempotency_cache_unlock(cache, sh);
+
+done:
+
+    ngx_free(f);
+}
+
+
+void
+ngx_http_idempotency_cache_pending(ngx_shm_zone_t *zone,
+    ngx_http_idempotency_redis_conf_t *rcf, ngx_str_t *rkey,
+    ngx_str_t *fence, ngx_str_t *record, ngx_msec_t ttl)
+{
+    uint32_t                            rid;
+    ngx_rbtree_key_t                    hash;
+    ngx_http_idempotency_cache_t       *cache;
+    ngx_http_idempotency_cache_sh_t    *sh;
+    ngx_http_idempotency_cache_node_t  *cn;
+
+    cache = zone->data;
+
+    if (record->len > cache->max_size || fence->len > 0xffff
+        || rkey->len > 0xffff)
+    {
+        return;
+    }
+
+    rid = ngx_http_idempotency_cache_rid(rcf);
+    hash = ngx_http_idempotency_cache_hash(rkey);
+
+    sh = ngx_http_idempotency_cache_lock(cache);
+    if (sh == NULL) {
+        return;
+    }
+
+    cn = ngx_http_idempotency_cache_find(sh, hash, rid, rkey);
+
+    if (cn != NULL) {
+        ngx_http_idempotency_cache_delete(cache, sh, cn);
+    }
+
+    /* the TTL runs from before the store: never later than Redis' */
+
+    (void) ngx_http_idempotency_cache_add(cache, sh, hash, rid, rkey, fence,
+                                          record,
+                                          NGX_HTTP_IDEMPOTENCY_CACHE_PENDING,
+                                          ngx_current_msec + ttl);
+
+    ngx_http_idempotency_cache_unlock(cache, sh);
+}
+
+
+/* the store of "rkey" under "fence" was acknowledged, or not */
+
+void
+ngx_http_idempotency_cache_commit(ngx_str_t *rkey, ngx_str_t *fence,
+    ngx_uint_t stored)
+{
+    ngx_uint_t                          i, n;
+    ngx_shm_zone_t                     *zones[16];
+    ngx_http_idempotency_cache_t       *cache;
+    ngx_http_idempotency_cache_sh_t    *sh;
+    ngx_http_idempotency_cache_node_t  *cn;
+
+    n = ngx_http_idempotency_cache_zones(zones, 16);
+
+    for (i = 0; i < n; i++) {
+        cache = zones[i]->data;
+
+        sh = ngx_http_idempotency_cache_lock(cache);
+        if (sh == NULL) {
+            continue;
+        }
+
+        cn = ngx_http_idempotency_cache_pending_find(sh->rbtree.root,
+                                  sh->rbtree.sentinel,
+                                  ngx_http_idempotency_cache_hash(rkey),
+                                  rkey, fence);
+
+        if (cn != NULL) {
+            if (stored) {
+                cn->state = NGX_HTTP_IDEMPOTENCY_CACHE_READY;
+
+            } else {
+                ngx_http_idempotency_cache_delete(cache, sh, cn);
+            }
+        }
+
+        ngx_http_idempotency_cache_unlock(cache, sh);
+    }
+}
+
+
+/*
+ * A tomb in place of the record for a while: a read of the record sent
+ * before the purge may come back after it, and must not bring it back.
+ */
+
+void
+ngx_http_idempotency_cache_purge(ngx_http_idempotency_redis_conf_t *rcf,
+    ngx_str_t *rkey)
+{
+    uint32_t                            rid;
+    ngx_str_t                           none;
+    ngx_uint_t                          i, n;
+    ngx_shm_zone_t                     *zones[16];
+    ngx_rbtree_key_t                    hash;
+    ngx_http_idempotency_cache_t       *cache;
+    ngx_http_idempotency_cache_sh_t    *sh;
+    ngx_http_idempotency_cache_node_t  *cn;
+
+    n = ngx_http_idempotency_cache_zones(zones, 16);
+    ngx_str_null(&none);
+    rid = ngx_http_idempotency_cache_rid(rcf);
+    hash = ngx_http_idempotency_cache_hash(rkey);
+
+    for (i = 0; i < n; i++) {
+        cache = zones[i]->data;
+
+        sh = ngx_http_idempotency_cache_lock(cache);
+        if (sh == NULL) {
+            continue;
+        }
+
+        for ( ;; ) {
+            cn = ngx_http_idempotency_cache_find(sh, hash, rid, rkey);
+
+            if (cn == NULL) {
+                cn = ngx_http_idempotency_cache_find(sh,
+                                  ngx_http_idempotency_cache_hash(rkey), 0,
+                                  rkey);
+            }
+
+            if (cn == NULL) {
+                break;
+            }
+
+            ngx_http_idempotency_cache_delete(cache, sh, cn);
+        }
+
+        (void) ngx_http_idempotency_cache_add(cache, sh,
+                              ngx_http_idempotency_cache_hash(rkey), 0,
+                              rkey, &none, &none,
+                              NGX_HTTP_IDEMPOTENCY_CACHE_TOMB,
+                              ngx_current_msec
+                              + NGX_HTTP_IDEMPOTENCY_CACHE_TOMB_MS);
+
+        ngx_http_idempotency_cache_unlock(cache, sh);
+    }
+}
+
+
+/*
+ * This worker's subscription to purges is up ("on") or lost.  Purges may
+ * have been missed since the last time some worker listened: when none
+ * listens now but one did before, every entry of the zone is older than
+ * the new epoch, a miss.  A reload's new worker subscribes while the old
+ * one still listens: the entries stay.  A worker that died is no
+ * listener (its pid is gone).
+ */
+
+void
+ngx_http_idempotency_cache_listening(ngx_uint_t on)
+{
+    ngx_uint_t                        i, n, k, live;
+    ngx_shm_zone_t                   *zones[16];
+    ngx_http_idempotency_cache_t     *cache;
+    ngx_http_idempotency_cache_sh_t  *sh;
+
+    n = ngx_http_idempotency_cache_zones(zones, 16);
+
+    for (i = 0; i < n; i++) {
+        cache = zones[i]->data;
+
+        sh = ngx_http_idempotency_cache_lock(cache);
+        if (sh == NULL) {
+            continue;
+        }
+
+        live = 0;
+
+        for (k = 0; k < NGX_HTTP_IDEMPOTENCY_CACHE_LISTENERS; k++) {
+
+            if (sh->listeners[k] == ngx_pid
+                || (sh->listeners[k]
+                    && kill(sh->listeners[k], 0) == -1 && errno == ESRCH))
+            {
+                sh->listeners[k] = 0;
+            }
+
+            if (sh->listeners[k]) {
+                live = 1;
+            }
+        }
+
+        if (on) {
+            if (!live && sh->listened) {
+                sh->epoch++;
+            }
+
+            sh->listened = 1;
+
+            for (k = 0; k < NGX_HTTP_IDEMPOTENCY_CACHE_LISTENERS; k++) {
+                if (sh->listeners[k] == 0) {
+                    sh->listeners[k] = ngx_pid;
+                    break;
+                }
+            }
+        }
+
+        ngx_http_idempotency_cache_unlock(cache, sh);
+    }
+}
+
+
+/*
+ * Whether this worker may stop listening: another live process listens
+ * now, or no reload is under way (a plain stop: no one comes after).
+ */
+
+ngx_uint_t
+ngx_http_idempotency_cache_others_listen(void)
+{
+    ngx_pid_t                         pid;
+    ngx_uint_t                        i, n, k, found;
+    ngx_shm_zone_t                   *zones[16];
+    ngx_http_idempotency_cache_t     *cache;
+    ngx_http_idempotency_cache_sh_t  *sh;
+
+    found = 0;
+    n = ngx_http_idempotency_cache_zones(zones, 16);
+
+    for (i = 0; i < n && !found; i++) {
+        cache = zones[i]->data;
+
+        sh = ngx_http_idempotency_cache_lock(cache);
+        if (sh == NULL) {
+            continue;
+        }
+
+        if (sh->reloaded == 0
+            || ngx_current_msec - sh->reloaded
+               > 2 * NGX_HTTP_IDEMPOTENCY_CACHE_HANDOVER)
+        {
+            found = 1;
+        }
+
+        for (k = 0; !found && k < NGX_HTTP_IDEMPOTENCY_CACHE_LISTENERS; k++) {
+            pid = sh->listeners[k];
+
+            if (pid && pid != ngx_pid
+                && !(kill(pid, 0) == -1 && errno == ESRCH))
+            {
+                found = 1;
+                break;
+            }
+        }
+
+        ngx_http_idempotency_cache_unlock(cache, sh);
+    }
+
+    return found;
+}
+
+
+ngx_uint_t
+ngx_http_idempotency_cache_used(void)
+{
+    ngx_shm_zone_t  *zone;
+
+    return ngx_http_idempotency_cache_zones(&zone, 1);
+}
+
+
+void
+ngx_http_idempotency_cache_totals(ngx_uint_t *entries, size_t *bytes)
+{
+    ngx_uint_t                        i, n;
+    ngx_shm_zone_t                   *zones[16];
+    ngx_http_idempotency_cache_t     *cache;
+    ngx_http_idempotency_cache_sh_t  *sh;
+
+    *entries = 0;
+    *bytes = 0;
+
+    n = ngx_http_idempotency_cache_zones(zones, 16);
+
+    for (i = 0; i < n; i++) {
+        cache = zones[i]->data;
+
+        sh = ngx_http_idempotency_cache_lock(cache);
+        if (sh == NULL) {
+            continue;
+        }
+
+        *entries += sh->entries;
+        *bytes += sh->bytes;
+
+        ngx_http_idempotency_cache_unlock(cache, sh);
+    }
+}
+
+
+/* of the key alone: a store's commit finds its entry without the Redis */
+
+static ngx_rbtree_key_t
+ngx_http_idempotency_cache_hash(ngx_str_t *rkey)
+{
+    return (ngx_rbtree_key_t) ngx_crc32_long(rkey->data, rkey->len);
+}
+
+
+/*
+ * The Redis a record comes from: two idempotency_redis with the same
+ * prefix but another server keep their entries apart.  Never 0 (a tomb's,
+ * which stands for every Redis).
+ */
+
+static uint32_t
+ngx_http_idempotency_cache_rid(ngx_http_idempotency_redis_conf_t *rcf)
+{
+    uint32_t  rid;
+
+    rid = ngx_crc32_short(rcf->text.data, rcf->text.len);
+
+    return rid ? rid : 1;
+}
+
+
+/* this node's cache zones, found through the cycle as the stats zone is */
+
+static ngx_uint_t
+ngx_http_idempotency_cache_zones(ngx_shm_zone_t **out, ngx_uint_t n)
+{
+    ngx_uint_t        i, k;
+    ngx_list_part_t  *part;
+    ngx_shm_zone_t   *shm_zone;
+
+    k = 0;
+    part = &((ngx_cycle_t *) ngx_cycle)->shared_memory.part;
+    shm_zone = part->elts;
+
+    for (i = 0; /* void */ ; i++) {
+
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                break;
+            }
+
+            part = part->next;
+            shm_zone = part->elts;
+            i = 0;
+        }
+
+        if (shm_zone[i].tag == &ngx_http_idempotency_cache_tag
+            && shm_zone[i].shm.addr != NULL && k < n)
+        {
+            out[k++] = &shm_zone[i];
+        }
+    }
+
+    return k;
+}

@@ -1,0 +1,368 @@
+/*
+ * A pub/sub subscription on a connection of its own, subscribed again a
+ * second after a loss.  hiredis 0.14 cannot PING a subscribed connection
+ * (the pong reaches the wrong callback), so a dead peer is found by TCP
+ * keepalive rather than by a heartbeat of ours.
+ */
+
+#include <ngx_config.h>
+#include <ngx_core.h>
+#include <ngx_event.h>
+
+#include "ngx_http_idempotency_redis_sub.h"
+#include "ngx_http_idempotency_redis_node.h"
+
+
+/* a lost subscription is made again after this */
+#define NGX_HTTP_IDEMPOTENCY_REDIS_SUB_RETRY  1000
+
+
+struct ngx_http_idempotency_redis_sub_s {
+    ngx_http_idempotency_redis_conf_t   *conf;
+    ngx_str_t                           *channel;
+    ngx_http_idempotency_redis_sub_pt    handler;
+    void                                *data;
+    ngx_log_t                           *log;
+    redisAsyncContext                   *ac;
+    ngx_event_t                          timer;
+    ngx_uint_t                           failures;   /* in a row */
+    unsigned                             subscribed:1;
+    unsigned                             exiting:1;
+};
+
+
+static void ngx_http_idempotency_redis_sub_connect(
+    ngx_http_idempotency_redis_sub_t *sub);
+static void ngx_http_idempotency_redis_sub_retry(
+    ngx_http_idempotency_redis_sub_t *sub, const char *reason);
+static void ngx_http_idempotency_redis_sub_reply(redisAsyncContext *ac,
+    void *r, void *privdata);
+static void ngx_http_idempotency_redis_sub_timer(ngx_event_t *ev);
+static void ngx_http_idempotency_redis_sub_read(ngx_event_t *rev);
+static void ngx_http_idempotency_redis_sub_close(
+    ngx_http_idempotency_redis_sub_t *sub);
+
+
+/* the AUTH reply's privdata */
+static ngx_uint_t  ngx_http_idempotency_redis_sub_auth;
+
+
+ngx_http_idempotency_redis_sub_t *
+ngx_http_idempotency_redis_sub_start(ngx_http_idempotency_redis_conf_t *rcf,
+    ngx_str_t *channel, ngx_http_idempotency_redis_sub_pt handler,
+    void *data, ngx_pool_t *pool, ngx_log_t *log)
+{
+    ngx_http_idempotency_redis_sub_t  *sub;
+
+    if (rcf->mode != NGX_HTTP_IDEMPOTENCY_REDIS_SINGLE) {
+        return NULL;
+    }
+
+    sub = ngx_pcalloc(pool, sizeof(ngx_http_idempotency_redis_sub_t));
+    if (sub == NULL) {
+        return NULL;
+    }
+
+    sub->conf = rcf;
+    sub->channel = channel;
+    sub->handler = handler;
+    sub->data = data;
+    sub->log = log;
+
+    sub->timer.handler = ngx_http_idempotency_redis_sub_timer;
+    sub->timer.data = sub;
+    sub->timer.log = log;
+    sub->timer.cancelable = 1;
+
+    ngx_http_idempotency_redis_sub_connect(sub);
+
+    return sub;
+}
+
+
+void
+ngx_http_idempotency_redis_sub_exit(ngx_http_idempotency_redis_sub_t *sub)
+{
+    if (sub == NULL) {
+        return;
+    }
+
+    sub->exiting = 1;
+    ngx_http_idempotency_redis_sub_close(sub);
+}
+
+
+static void
+ngx_http_idempotency_redis_sub_connect(ngx_http_idempotency_redis_sub_t *sub)
+{
+    int                                 argc;
+    size_t                              argvlen[3];
+    const char                         *argv[3];
+    ngx_connection_t                   *c;
+    redisAsyncContext                  *ac;
+    ngx_http_idempotency_redis_conf_t  *rcf;
+
+    rcf = sub->conf;
+
+    if (sub->ac || sub->exiting) {
+        return;
+    }
+
+    if (rcf->unix_path.len) {
+        ac = redisAsyncConnectUnix((const char *) rcf->unix_path.data);
+
+    } else {
+        ac = redisAsyncConnect((const char *) rcf->host.data, rcf->port);
+    }
+
+    if (ac == NULL || ac->err) {
+        if (ac) {
+            redisAsyncFree(ac);
+        }
+
+        ngx_http_idempotency_redis_sub_retry(sub, "cannot connect");
+        return;
+    }
+
+    if (rcf->unix_path.len == 0) {
+        /* a dead peer is noticed without a PING (see above) */
+        (void) redisEnableKeepAlive(&ac->c);
+    }
+
+    c = ngx_http_idempotency_redis_attach(ac, sub->log);
+    if (c == NULL) {
+        redisAsyncFree(ac);
+        ngx_http_idempotency_redis_sub_retry(sub,
+                                             "no free worker connection");
+        return;
+    }
+
+    c->read->handler = ngx_http_idempotency_redis_sub_read;
+    ac->data = sub;
+
+    if (rcf->password.len) {
+        argc = ngx_http_idempotency_redis_auth_args(&rcf->user,
+                                                    &rcf->password,
+                                                    argv, argvlen);
+
+        if (redisAsyncCommandArgv(ac, ngx_http_idempotency_redis_sub_reply,
+                                  &ngx_http_idempotency_redis_sub_auth,
+                                  argc, argv, argvlen)
+            != REDIS_OK)
+        {
+            redisAsyncFree(ac);
+            ngx_http_idempotency_redis_sub_retry(sub, "AUTH refused");
+            return;
+        }
+    }
+
+    argv[0] = "SUBSCRIBE";
+    argvlen[0] = sizeof("SUBSCRIBE") - 1;
+    argv[1] = (const char *) sub->channel->data;
+    argvlen[1] = sub->channel->len;
+
+    if (redisAsyncCommandArgv(ac, ngx_http_idempotency_redis_sub_reply, NULL,
+                              2, argv, argvlen)
+        != REDIS_OK)
+    {
+        redisAsyncFree(ac);
+        ngx_http_idempotency_redis_sub_retry(sub, "SUBSCRIBE refused");
+        return;
+    }
+
+    sub->ac = ac;
+    sub->subscribed = 0;
+
+    if (sub->timer.timer_set) {
+        ngx_del_timer(&sub->timer);
+    }
+
+    ngx_add_timer(&sub->timer, rcf->connect_timeout + rcf->timeout);
+}
+
+
+/* the first loss of a streak is logged; then quietly every second */
+
+static void
+ngx_http_idempotency_redis_sub_retry(ngx_http_idempotency_redis_sub_t *sub,
+    const char *reason)
+{
+    if (sub->exiting) {
+        return;
+    }
+
+    if (sub->failures++ == 0) {
+        ngx_log_error(NGX_LOG_WARN, sub->log, 0,
+                      "idempotency: the subscription to \"%V\" at %V "
+                      "stopped (%s), subscribing again every %d ms",
+                      sub->channel, &sub->conf->text, reason,
+                      NGX_HTTP_IDEMPOTENCY_REDIS_SUB_RETRY);
+    }
+
+    if (sub->subscribed) {
+        sub->subscribed = 0;
+        sub->handler(sub->data, NGX_HTTP_IDEMPOTENCY_REDIS_SUB_LOST, NULL);
+    }
+
+    if (sub->timer.timer_set) {
+        ngx_del_timer(&sub->timer);
+    }
+
+    ngx_add_timer(&sub->timer, NGX_HTTP_IDEMPOTENCY_REDIS_SUB_RETRY);
+}
+
+
+/* the confirmation, every message, and NULL when the context goes away */
+
+static void
+ngx_http_idempotency_redis_sub_reply(redisAsyncContext *ac, void *r,
+    void *privdata)
+{
+    redisReply                        *reply = r;
+    redisReply                       **el;
+    ngx_str_t                          msg;
+    ngx_http_idempotency_redis_sub_t  *sub;
+
+    sub = ac->data;
+
+    if (sub == NULL || sub->ac != ac) {
+        return;
+    }
+
+    if (reply == NULL) {
+        sub->ac = NULL;
+        ngx_http_idempotency_redis_sub_retry(sub, ac->err ? ac->errstr
+                                                  : "connection closed");
+        return;
+    }
+
+    if (reply->type == REDIS_REPLY_ERROR) {
+        ngx_log_error(NGX_LOG_ERR, sub->log, 0,
+                      "idempotency: %s of \"%V\" at %V failed: %*s",
+                      privdata ? "AUTH" : "SUBSCRIBE", sub->channel,
+                      &sub->conf->text, (size_t) reply->len, reply->str);
+
+        ngx_http_idempotency_redis_sub_close(sub);
+        ngx_http_idempotency_redis_sub_retry(sub, "refused");
+        return;
+    }
+
+    if (privdata == &ngx_http_idempotency_redis_sub_auth) {
+        return;
+    }
+
+    el = reply->element;
+
+    if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 3
+        || el[0]->type != REDIS_REPLY_STRING)
+    {
+        return;
+    }
+
+    if (el[0]->len == sizeof("subscribe") - 1
+        && ngx_strncmp(el[0]->str, "subscribe", el[0]->len) == 0)
+    {
+        if (sub->timer.timer_set) {
+            ngx_del_timer(&sub->timer);
+        }
+
+        if (sub->failures) {
+            ngx_log_error(NGX_LOG_NOTICE, sub->log, 0,
+                          "idempotency: subscribed to \"%V\" at %V again",
+                          sub->channel, &sub->conf->text);
+        }
+
+        sub->subscribed = 1;
+        sub->failures = 0;
+
+        sub->handler(sub->data, NGX_HTTP_IDEMPOTENCY_REDIS_SUB_READY, NULL);
+        return;
+    }
+
+    if (el[0]->len == sizeof("message") - 1
+        && ngx_strncmp(el[0]->str, "message", el[0]->len) == 0
+        && el[2]->type == REDIS_REPLY_STRING)
+    {
+        msg.data = (u_char *) el[2]->str;
+        msg.len = el[2]->len;
+
+        sub->handler(sub->data, NGX_HTTP_IDEMPOTENCY_REDIS_SUB_MESSAGE, &msg);
+    }
+}
+
+
+/* no confirmation in time, or the time to subscribe again */
+
+static void
+ngx_http_idempotency_redis_sub_timer(ngx_event_t *ev)
+{
+    ngx_http_idempotency_redis_sub_t  *sub = ev->data;
+
+    if (sub->ac == NULL) {
+        ngx_http_idempotency_redis_sub_connect(sub);
+        return;
+    }
+
+    if (!sub->subscribed) {
+        ngx_http_idempotency_redis_sub_close(sub);
+        ngx_http_idempotency_redis_sub_retry(sub, "timed out");
+    }
+}
+
+
+/* on worker_shutdown_timeout nginx closes what is left: c->close */
+
+static void
+ngx_http_idempotency_redis_sub_read(ngx_event_t *rev)
+{
+    ngx_connection_t                  *c;
+    redisAsyncContext                 *ac;
+    ngx_http_idempotency_redis_sub_t  *sub;
+
+    c = rev->data;
+    ac = c->data;
+    sub = ac->data;
+
+    if (c->close) {
+        sub->exiting = 1;
+
+        if (sub->ac == ac) {
+            ngx_http_idempotency_redis_sub_close(sub);
+
+        } else {
+            redisAsyncFree(ac);
+        }
+
+        return;
+    }
+
+    redisAsyncHandleRead(ac);
+}
+
+
+static void
+ngx_http_idempotency_redis_sub_close(ngx_http_idempotency_redis_sub_t *sub)
+{
+    redisAsyncContext  *ac;
+
+    ac = sub->ac;
+    sub->ac = NULL;
+
+    if (sub->timer.timer_set) {
+        ngx_del_timer(&sub->timer);
+    }
+
+    if (sub->subscribed) {
+        sub->subscribed = 0;
+
+        if (!sub->exiting) {
+            sub->handler(sub->data, NGX_HTTP_IDEMPOTENCY_REDIS_SUB_LOST,
+                         NULL);
+        }
+    }
+
+    if (ac) {
+        ac->onDisconnect = NULL;
+        redisAsyncFree(ac);
+    }
+}
