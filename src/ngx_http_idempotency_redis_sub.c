@@ -11,6 +11,7 @@
 
 #include "ngx_http_idempotency_redis_sub.h"
 #include "ngx_http_idempotency_redis_node.h"
+#include "ngx_http_idempotency_redis_tls.h"
 
 
 /* a lost subscription is made again after this */
@@ -39,6 +40,9 @@ static void ngx_http_idempotency_redis_sub_reply(redisAsyncContext *ac,
     void *r, void *privdata);
 static void ngx_http_idempotency_redis_sub_timer(ngx_event_t *ev);
 static void ngx_http_idempotency_redis_sub_read(ngx_event_t *rev);
+#if (NGX_SSL)
+static void ngx_http_idempotency_redis_sub_write(ngx_event_t *wev);
+#endif
 static void ngx_http_idempotency_redis_sub_close(
     ngx_http_idempotency_redis_sub_t *sub);
 
@@ -54,7 +58,12 @@ ngx_http_idempotency_redis_sub_start(ngx_http_idempotency_redis_conf_t *rcf,
 {
     ngx_http_idempotency_redis_sub_t  *sub;
 
-    if (rcf->mode != NGX_HTTP_IDEMPOTENCY_REDIS_SINGLE) {
+    /*
+     * One server whose address is known now: behind Sentinel or a Cluster,
+     * or with a name the workers resolve, no subscription (documented)
+     */
+
+    if (rcf->mode != NGX_HTTP_IDEMPOTENCY_REDIS_SINGLE || rcf->named) {
         return NULL;
     }
 
@@ -129,7 +138,22 @@ ngx_http_idempotency_redis_sub_connect(ngx_http_idempotency_redis_sub_t *sub)
         (void) redisEnableKeepAlive(&ac->c);
     }
 
-    c = ngx_http_idempotency_redis_attach(ac, sub->log);
+    /* over TLS as the module's other connections are, never in plain */
+
+#if (NGX_SSL)
+    if (rcf->tls) {
+        c = ngx_http_idempotency_redis_tls_attach(ac, rcf->tls, NULL, NULL,
+                                                  NULL, sub->log);
+        if (c) {
+            c->write->handler = ngx_http_idempotency_redis_sub_write;
+        }
+
+    } else
+#endif
+    {
+        c = ngx_http_idempotency_redis_attach(ac, sub->log);
+    }
+
     if (c == NULL) {
         redisAsyncFree(ac);
         ngx_http_idempotency_redis_sub_retry(sub,
@@ -336,8 +360,19 @@ ngx_http_idempotency_redis_sub_read(ngx_event_t *rev)
         return;
     }
 
-    redisAsyncHandleRead(ac);
+    ngx_http_idempotency_redis_handle_read(c);
 }
+
+
+#if (NGX_SSL)
+
+static void
+ngx_http_idempotency_redis_sub_write(ngx_event_t *wev)
+{
+    ngx_http_idempotency_redis_tls_write(wev->data);
+}
+
+#endif
 
 
 static void

@@ -611,3 +611,33 @@ qr/\Q$::Dir\E\/none\.crt/
 --- must_die
 --- error_log
 invalid option value "tls_verify=maybe" in "idempotency_redis" directive
+
+
+
+=== TEST 27: the replay cache's purge listener subscribes over TLS too: nginx starts
+--- http_config eval
+main::redis('pw', $::Pw) . "    idempotency_cache_zone t190:1m;\n    idempotency_cache t190;\n"
+--- config eval: $::Config
+--- request
+GET /ping
+--- error_code: 200
+
+
+
+=== TEST 28: ... worker 0 listens on the purge channel of the TLS-only server
+--- init
+my $n = 0;
+for (1 .. 200 * $IdemTest::Slow) {
+    my $out = `redis-cli --tls --cacert '$::Dir/ca.crt' -p $::Port{pw} \\
+               -a tls-secret --no-auth-warning \\
+               PUBSUB NUMSUB '$ENV{TEST_NGINX_PREFIX}purge' 2>&1`;
+    (undef, $n) = split /\n/, $out;
+    last if $n;
+    select(undef, undef, undef, 0.05);
+}
+Test::More::is($n, 1, 'one subscriber over TLS (the server has no plain port)');
+--- request
+GET /ping
+--- error_code: 200
+--- no_error_log
+[alert]
