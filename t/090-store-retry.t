@@ -131,26 +131,28 @@ sub wait_log {
     return 0;
 }
 
-# how many times the worker found Redis again after failed attempts
-sub reconnects {
+# Redis connections of the worker still away: each streak of failures
+# begins with an error line ("reconnecting in") and ends with a notice; a
+# worker has more than one connection (large bodies go on their own)
+sub away_streaks {
     my $file = "$ENV{TEST_NGINX_SERVER_ROOT}/logs/error.log";
-    open my $fh, '<', $file or return 0;
+    open my $fh, '<', $file or return -1;
     my $n = 0;
     while (<$fh>) {
-        $n++ if /is reachable again after \d+ failed attempts/;
+        $n++ if /\[error\] .*idempotency redis: .*reconnecting in \d+ ms/;
+        $n-- if /is reachable again after \d+ failed attempts/;
     }
     return $n;
 }
 
-# Redis started again, and back in use: returns once the worker has
-# reconnected (its back-off is up to 2 s), false after $secs
+# Redis started again, and back in use: returns once every connection of
+# the worker is back (its back-off is up to 2 s), false after $secs
 sub redis_back {
     my ($secs) = @_;
-    my $before = reconnects();
     redis_ctl('start');
     my $end = Time::HiRes::time() + $secs;
     while (Time::HiRes::time() < $end) {
-        return 1 if reconnects() > $before;
+        return 1 if away_streaks() == 0;
         Time::HiRes::sleep(0.1);
     }
     warn "the worker did not reconnect to Redis in $secs s\n";
