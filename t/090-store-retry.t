@@ -109,19 +109,53 @@ sub wait_state {
     return 0;
 }
 
+# (the log is read on from where the last look ended: at debug level a
+# 62 MiB response writes tens of MB of it)
 sub wait_log {
     my ($re, $secs) = @_;
     my $file = "$ENV{TEST_NGINX_SERVER_ROOT}/logs/error.log";
     my $end = Time::HiRes::time() + $secs;
+    my $pos = 0;
     while (Time::HiRes::time() < $end) {
         if (open my $fh, '<', $file) {
-            while (<$fh>) {
-                return 1 if $_ =~ $re;
+            seek $fh, $pos, 0;
+            while (my $line = <$fh>) {
+                last if substr($line, -1) ne "\n";    # written half: later
+                return 1 if $line =~ $re;
+                $pos = tell $fh;
             }
         }
         Time::HiRes::sleep(0.1);
     }
     warn "no line like $re in $secs s\n";
+    return 0;
+}
+
+# Redis connections of the worker still away: each streak of failures
+# begins with an error line ("reconnecting in") and ends with a notice; a
+# worker has more than one connection (large bodies go on their own)
+sub away_streaks {
+    my $file = "$ENV{TEST_NGINX_SERVER_ROOT}/logs/error.log";
+    open my $fh, '<', $file or return -1;
+    my $n = 0;
+    while (<$fh>) {
+        $n++ if /\[error\] .*idempotency redis: .*reconnecting in \d+ ms/;
+        $n-- if /is reachable again after \d+ failed attempts/;
+    }
+    return $n;
+}
+
+# Redis started again, and back in use: returns once every connection of
+# the worker is back (its back-off is up to 2 s), false after $secs
+sub redis_back {
+    my ($secs) = @_;
+    redis_ctl('start');
+    my $end = Time::HiRes::time() + $secs;
+    while (Time::HiRes::time() < $end) {
+        return 1 if away_streaks() == 0;
+        Time::HiRes::sleep(0.1);
+    }
+    warn "the worker did not reconnect to Redis in $secs s\n";
     return 0;
 }
 
@@ -148,10 +182,17 @@ sub upstream_once {
     my $port = $o{port} // backend_port();
     $Port = $port;
 
-    my $srv = IO::Socket::INET->new(LocalAddr => '127.0.0.1',
-                                    LocalPort => $port, Listen => 5,
-                                    ReuseAddr => 1)
-        or die "upstream: cannot listen on $port: $!\n";
+    # the one-shot upstream of the block before may still be on its way
+    # out (it starts Redis last): its port is free once it has exited
+    my ($srv, $end) = (undef, Time::HiRes::time() + 10 * $main::Slow);
+    until ($srv = IO::Socket::INET->new(LocalAddr => '127.0.0.1',
+                                        LocalPort => $port, Listen => 5,
+                                        ReuseAddr => 1))
+    {
+        die "upstream: cannot listen on $port: $!\n"
+            if !$!{EADDRINUSE} || Time::HiRes::time() > $end;
+        Time::HiRes::sleep(0.05);
+    }
 
     my $pid = fork();
     die "fork: $!" unless defined $pid;
@@ -205,13 +246,18 @@ sub upstream_once {
 }
 
 # Redis killed (after a SAVE with $o{save}) before the one-shot upstream
-# answers, and started again 0.5 s after it did; the rest as upstream_once
+# answers, and started again once the store of $o{key} has been kept for a
+# retry (its line in the log): a fixed pause let a slow client (62 MiB
+# through a loaded machine) end the response after Redis was back, and the
+# store then never failed; the rest as upstream_once
 sub away_then_back {
     my (%o) = @_;
+    my $hash = key_hash($o{key} // die "away_then_back: no key\n");
     upstream_once(%o,
         before => sub { redis_cli('SAVE') if $o{save}; redis_ctl('kill') },
         after => sub {
-            Time::HiRes::sleep(0.5 * $main::Slow);
+            wait_log(qr/store of key_hash=$hash failed .*kept for a retry/,
+                     30 * $main::Slow);
             redis_ctl('start');
         });
 }
@@ -339,7 +385,7 @@ reconnecting
 --- http_config eval: $::HttpConfig
 --- config eval: $::Config
 --- init
-main::away_then_back(save => 1);
+main::away_then_back(key => 'kill-1', save => 1);
 --- request
 POST /t
 x
@@ -384,12 +430,7 @@ gave up
 --- http_config eval: $::HttpConfig
 --- config eval: $::Config
 --- init
-main::upstream_once(
-    before => sub { main::redis_ctl('kill') },
-    after => sub {
-        Time::HiRes::sleep(0.5 * $main::Slow);
-        main::redis_ctl('start');
-    });
+main::away_then_back(key => 'lost-1');
 --- request
 POST /t
 x
@@ -440,8 +481,8 @@ qr/\[error\] .*gave up storing the response for key_hash=${\ main::key_hash('ttl
 
 === TEST 10: ... the claim expired with it: a retry after Redis is back runs again
 --- init
-main::redis_ctl('start');
-Time::HiRes::sleep(2.5 * $main::Slow);
+Test::More::ok(main::redis_back(10 * $main::Slow),
+               'the worker is back on Redis');
 main::upstream_once(port => $main::Port);
 --- request
 POST /ttl
@@ -484,8 +525,8 @@ kept for a retry for up to
 
 === TEST 12: Redis back: the same workers store again
 --- init
-main::redis_ctl('start');
-Time::HiRes::sleep(2.5 * $main::Slow);
+Test::More::ok(main::redis_back(10 * $main::Slow),
+               'the worker is back on Redis');
 main::upstream_once(port => $main::Port);
 --- request
 POST /big
@@ -543,7 +584,8 @@ GET /
 --- http_config eval: $::HttpConfig
 --- config eval: $::Config
 --- init
-main::away_then_back(save => 1, body => 'y' x (3 * 1024 * 1024 + 5));
+main::away_then_back(key => 'split-1', save => 1,
+                     body => 'y' x (3 * 1024 * 1024 + 5));
 --- request
 POST /big
 x
@@ -592,7 +634,8 @@ gave up
 --- skip_eval: 3: $ENV{TEST_NGINX_USE_VALGRIND}
 --- init
 return if $ENV{TEST_NGINX_USE_VALGRIND};    # skipped: 62 MiB is slow there
-main::away_then_back(port => $main::Port, body => 'z' x (62 * 1024 * 1024));
+main::away_then_back(key => 'split-2', port => $main::Port,
+                     body => 'z' x (62 * 1024 * 1024));
 --- request
 POST /big
 x
