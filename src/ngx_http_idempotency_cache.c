@@ -38,6 +38,13 @@
 /* entries evicted at most to make room for one */
 #define NGX_HTTP_IDEMPOTENCY_CACHE_EVICT_MAX  64
 
+/*
+ * idempotency_cache_zone directives an http{} may have: a worker walks
+ * them all (a purge, a store's commit, a subscription's epoch), and a zone
+ * past this many would be left out of those walks
+ */
+#define NGX_HTTP_IDEMPOTENCY_CACHE_ZONES  16
+
 
 typedef struct {
     ngx_rbtree_node_t                    node;
@@ -135,13 +142,21 @@ char *
 ngx_http_idempotency_cache_zone(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf)
 {
-    u_char                        *p;
-    size_t                         size, max_size;
-    ssize_t                        n;
-    ngx_str_t                     *value, name, s;
-    ngx_uint_t                     i;
-    ngx_shm_zone_t                *shm_zone;
-    ngx_http_idempotency_cache_t  *cache;
+    u_char                            *p;
+    size_t                             size, max_size;
+    ssize_t                            n;
+    ngx_str_t                         *value, name, s;
+    ngx_uint_t                         i;
+    ngx_shm_zone_t                    *shm_zone;
+    ngx_http_idempotency_cache_t      *cache;
+    ngx_http_idempotency_main_conf_t  *imcf = conf;
+
+    if (imcf->cache_zones++ == NGX_HTTP_IDEMPOTENCY_CACHE_ZONES) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "at most %d \"idempotency_cache_zone\" zones",
+                           NGX_HTTP_IDEMPOTENCY_CACHE_ZONES);
+        return NGX_CONF_ERROR;
+    }
 
     value = cf->args->elts;
 
@@ -855,12 +870,13 @@ ngx_http_idempotency_cache_commit(ngx_str_t *rkey, ngx_str_t *fence,
     ngx_uint_t stored)
 {
     ngx_uint_t                          i, n;
-    ngx_shm_zone_t                     *zones[16];
+    ngx_shm_zone_t                     *zones[NGX_HTTP_IDEMPOTENCY_CACHE_ZONES];
     ngx_http_idempotency_cache_t       *cache;
     ngx_http_idempotency_cache_sh_t    *sh;
     ngx_http_idempotency_cache_node_t  *cn;
 
-    n = ngx_http_idempotency_cache_zones(zones, 16);
+    n = ngx_http_idempotency_cache_zones(zones,
+                                      NGX_HTTP_IDEMPOTENCY_CACHE_ZONES);
 
     for (i = 0; i < n; i++) {
         cache = zones[i]->data;
@@ -901,13 +917,14 @@ ngx_http_idempotency_cache_purge(ngx_http_idempotency_redis_conf_t *rcf,
     uint32_t                            rid;
     ngx_str_t                           none;
     ngx_uint_t                          i, n;
-    ngx_shm_zone_t                     *zones[16];
+    ngx_shm_zone_t                     *zones[NGX_HTTP_IDEMPOTENCY_CACHE_ZONES];
     ngx_rbtree_key_t                    hash;
     ngx_http_idempotency_cache_t       *cache;
     ngx_http_idempotency_cache_sh_t    *sh;
     ngx_http_idempotency_cache_node_t  *cn;
 
-    n = ngx_http_idempotency_cache_zones(zones, 16);
+    n = ngx_http_idempotency_cache_zones(zones,
+                                      NGX_HTTP_IDEMPOTENCY_CACHE_ZONES);
     ngx_str_null(&none);
     rid = ngx_http_idempotency_cache_rid(rcf);
     hash = ngx_http_idempotency_cache_hash(rkey);
@@ -961,11 +978,12 @@ void
 ngx_http_idempotency_cache_listening(ngx_uint_t on)
 {
     ngx_uint_t                        i, n, k, live;
-    ngx_shm_zone_t                   *zones[16];
+    ngx_shm_zone_t                   *zones[NGX_HTTP_IDEMPOTENCY_CACHE_ZONES];
     ngx_http_idempotency_cache_t     *cache;
     ngx_http_idempotency_cache_sh_t  *sh;
 
-    n = ngx_http_idempotency_cache_zones(zones, 16);
+    n = ngx_http_idempotency_cache_zones(zones,
+                                      NGX_HTTP_IDEMPOTENCY_CACHE_ZONES);
 
     for (i = 0; i < n; i++) {
         cache = zones[i]->data;
@@ -1021,12 +1039,13 @@ ngx_http_idempotency_cache_others_listen(void)
 {
     ngx_pid_t                         pid;
     ngx_uint_t                        i, n, k, found;
-    ngx_shm_zone_t                   *zones[16];
+    ngx_shm_zone_t                   *zones[NGX_HTTP_IDEMPOTENCY_CACHE_ZONES];
     ngx_http_idempotency_cache_t     *cache;
     ngx_http_idempotency_cache_sh_t  *sh;
 
     found = 0;
-    n = ngx_http_idempotency_cache_zones(zones, 16);
+    n = ngx_http_idempotency_cache_zones(zones,
+                                      NGX_HTTP_IDEMPOTENCY_CACHE_ZONES);
 
     for (i = 0; i < n && !found; i++) {
         cache = zones[i]->data;
@@ -1074,14 +1093,15 @@ void
 ngx_http_idempotency_cache_totals(ngx_uint_t *entries, size_t *bytes)
 {
     ngx_uint_t                        i, n;
-    ngx_shm_zone_t                   *zones[16];
+    ngx_shm_zone_t                   *zones[NGX_HTTP_IDEMPOTENCY_CACHE_ZONES];
     ngx_http_idempotency_cache_t     *cache;
     ngx_http_idempotency_cache_sh_t  *sh;
 
     *entries = 0;
     *bytes = 0;
 
-    n = ngx_http_idempotency_cache_zones(zones, 16);
+    n = ngx_http_idempotency_cache_zones(zones,
+                                      NGX_HTTP_IDEMPOTENCY_CACHE_ZONES);
 
     for (i = 0; i < n; i++) {
         cache = zones[i]->data;

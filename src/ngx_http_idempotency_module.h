@@ -73,6 +73,7 @@ typedef struct ngx_http_idempotency_ctx_s  ngx_http_idempotency_ctx_t;
 typedef struct {
     ngx_array_t                          redis;    /* of redis_conf_t * */
     ngx_flag_t                           used;
+    ngx_uint_t                           cache_zones; /* declared */
 } ngx_http_idempotency_main_conf_t;
 
 

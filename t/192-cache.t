@@ -458,6 +458,32 @@ GET /status
 
 
 
+=== TEST 14a: a seventeenth idempotency_cache_zone is refused (a worker walks at most 16)
+--- http_config
+    idempotency_cache_zone z0:1m;
+    idempotency_cache_zone z1:1m;
+    idempotency_cache_zone z2:1m;
+    idempotency_cache_zone z3:1m;
+    idempotency_cache_zone z4:1m;
+    idempotency_cache_zone z5:1m;
+    idempotency_cache_zone z6:1m;
+    idempotency_cache_zone z7:1m;
+    idempotency_cache_zone z8:1m;
+    idempotency_cache_zone z9:1m;
+    idempotency_cache_zone z10:1m;
+    idempotency_cache_zone z11:1m;
+    idempotency_cache_zone z12:1m;
+    idempotency_cache_zone z13:1m;
+    idempotency_cache_zone z14:1m;
+    idempotency_cache_zone z15:1m;
+    idempotency_cache_zone z16:1m;
+--- config
+--- must_die
+--- error_log
+at most 16 "idempotency_cache_zone" zones
+
+
+
 === TEST 14: idempotency_cache of a zone never sized
 --- config
     location = /t {
