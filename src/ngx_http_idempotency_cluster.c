@@ -44,6 +44,7 @@ struct ngx_http_idempotency_cluster_s {
 
     ngx_array_t                          nodes;    /* seeds first */
     ngx_uint_t                           next;     /* to ask for the map */
+    ngx_uint_t                           listen;   /* the listener's turn */
 
     /* slot -> master; NULL: not known */
     ngx_http_idempotency_redis_node_t  **slots;
@@ -91,6 +92,10 @@ static ngx_int_t ngx_http_idempotency_cluster_map(
 static ngx_http_idempotency_cluster_node_t *
     ngx_http_idempotency_cluster_find(ngx_http_idempotency_cluster_t *cl,
     ngx_http_idempotency_redis_node_t *node);
+static ngx_http_idempotency_redis_node_t *
+    ngx_http_idempotency_cluster_listener(
+    ngx_http_idempotency_redis_conf_t *rcf,
+    ngx_http_idempotency_redis_node_t *current);
 
 
 const ngx_http_idempotency_redis_topology_t
@@ -100,7 +105,8 @@ const ngx_http_idempotency_redis_topology_t
     ngx_http_idempotency_cluster_node,
     ngx_http_idempotency_cluster_owner,
     ngx_http_idempotency_cluster_redirect,
-    ngx_http_idempotency_redis_demoted
+    ngx_http_idempotency_redis_demoted,
+    ngx_http_idempotency_cluster_listener
 };
 
 
@@ -276,6 +282,53 @@ ngx_http_idempotency_cluster_owner(ngx_http_idempotency_redis_conf_t *rcf,
 
     return rcf->cluster->slots[ngx_http_idempotency_slot(key->data,
                                                          key->len)];
+}
+
+
+/*
+ * Every node hears every PUBLISH (the Cluster bus carries it): the
+ * subscription stays where it is while it can, else takes the nodes in
+ * turn, so that one that fails is not the only one tried.
+ */
+
+static ngx_http_idempotency_redis_node_t *
+ngx_http_idempotency_cluster_listener(ngx_http_idempotency_redis_conf_t *rcf,
+    ngx_http_idempotency_redis_node_t *current)
+{
+    in_port_t                              port;
+    ngx_uint_t                             i, n;
+    const char                            *h, *name;
+    ngx_http_idempotency_cluster_t        *cl;
+    ngx_http_idempotency_cluster_node_t   *cn;
+
+    cl = rcf->cluster;
+
+    if (cl == NULL) {
+        return NULL;
+    }
+
+    if (current
+        && ngx_http_idempotency_redis_node_peer(current, &h, &port, &name)
+           == NGX_OK)
+    {
+        return current;
+    }
+
+    cn = cl->nodes.elts;
+    n = cl->nodes.nelts;
+
+    for (i = 0; i < n; i++) {
+        cl->listen = (cl->listen + 1) % n;
+
+        if (ngx_http_idempotency_redis_node_peer(cn[cl->listen].node, &h,
+                                                 &port, &name)
+            == NGX_OK)
+        {
+            return cn[cl->listen].node;
+        }
+    }
+
+    return NULL;
 }
 
 

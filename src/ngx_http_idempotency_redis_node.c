@@ -328,6 +328,11 @@ ngx_http_idempotency_redis_connect(ngx_http_idempotency_redis_node_t *node)
         return;
     }
 
+    /* host may live in the topology's buffer: the peer keeps a copy */
+
+    ngx_cpystrn(node->peer, (u_char *) host, NGX_SOCKADDR_STRLEN);
+    node->peer_port = port;
+
     c = ngx_http_idempotency_redis_node_attach(node, ac, host);
     if (c == NULL) {
         ngx_http_idempotency_redis_failure(node, "connect failed",
@@ -866,6 +871,25 @@ ngx_http_idempotency_redis_node_name(ngx_http_idempotency_redis_node_t *node)
 {
     return &node->name;
 }
+
+ngx_int_t
+ngx_http_idempotency_redis_node_peer(ngx_http_idempotency_redis_node_t *node,
+    const char **host, in_port_t *port, const char **name)
+{
+    if (node->state != NGX_HTTP_IDEMPOTENCY_REDIS_READY) {
+        return NGX_DECLINED;
+    }
+
+    *host = (const char *) node->peer;
+    *port = node->peer_port;
+
+    /* as ngx_http_idempotency_redis_node_attach() checks it */
+    *name = node->conf->mode == NGX_HTTP_IDEMPOTENCY_REDIS_SINGLE
+            ? NULL : *host;
+
+    return NGX_OK;
+}
+
 
 void
 ngx_http_idempotency_redis_node_extend(ngx_http_idempotency_redis_node_t *node,

@@ -94,6 +94,8 @@ struct ngx_http_idempotency_redis_node_s {
     ngx_log_t                           *log;
     ngx_str_t                            host;     /* IP, NUL-ended, or "" */
     in_port_t                            port;
+    u_char                               peer[NGX_SOCKADDR_STRLEN];
+    in_port_t                            peer_port; /* where ac connects */
 
     redisAsyncContext                   *ac;       /* NULL: none */
     ngx_http_idempotency_redis_state_e   state;
@@ -167,6 +169,16 @@ redisAsyncContext *ngx_http_idempotency_redis_node_context(
     ngx_http_idempotency_redis_node_t *node);
 ngx_str_t *ngx_http_idempotency_redis_node_name(
     ngx_http_idempotency_redis_node_t *node);
+
+/*
+ * Where the node's connection is, while it is ready (NGX_OK; else
+ * NGX_DECLINED): host (an IP literal, NUL-ended, valid until the node
+ * connects again) and port, and the name a TLS connection there checks
+ * (NULL: the configured one), for another connection to the same server.
+ */
+ngx_int_t ngx_http_idempotency_redis_node_peer(
+    ngx_http_idempotency_redis_node_t *node, const char **host,
+    in_port_t *port, const char **name);
 
 /*
  * We give up on the connection: log, schedule a reconnect, free it.

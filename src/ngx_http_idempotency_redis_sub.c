@@ -1,8 +1,11 @@
 /*
  * A pub/sub subscription on a connection of its own, subscribed again a
- * second after a loss.  hiredis 0.14 cannot PING a subscribed connection
- * (the pong reaches the wrong callback), so a dead peer is found by TCP
- * keepalive rather than by a heartbeat of ours.
+ * second after a loss.  It listens where the topology says every PUBLISH
+ * is heard (the master, any Cluster node), at the address the module's own
+ * connection to that node has now, and follows it there when it moves (a
+ * failover, a name that resolves elsewhere).  hiredis 0.14 cannot PING a
+ * subscribed connection (the pong reaches the wrong callback), so a dead
+ * peer is found by TCP keepalive rather than by a heartbeat of ours.
  */
 
 #include <ngx_config.h>
@@ -10,12 +13,18 @@
 #include <ngx_event.h>
 
 #include "ngx_http_idempotency_redis_sub.h"
-#include "ngx_http_idempotency_redis_node.h"
+#include "ngx_http_idempotency_redis_topology.h"
 #include "ngx_http_idempotency_redis_tls.h"
 
 
 /* a lost subscription is made again after this */
 #define NGX_HTTP_IDEMPOTENCY_REDIS_SUB_RETRY  1000
+
+/* no node to listen at yet: the topology is asked again after this */
+#define NGX_HTTP_IDEMPOTENCY_REDIS_SUB_WAIT   100
+
+/* while subscribed: is the node still there?  Asked this often */
+#define NGX_HTTP_IDEMPOTENCY_REDIS_SUB_FOLLOW 1000
 
 
 struct ngx_http_idempotency_redis_sub_s {
@@ -25,6 +34,9 @@ struct ngx_http_idempotency_redis_sub_s {
     void                                *data;
     ngx_log_t                           *log;
     redisAsyncContext                   *ac;
+    ngx_http_idempotency_redis_node_t   *node;     /* listened at */
+    u_char                               host[NGX_SOCKADDR_STRLEN];
+    in_port_t                            port;
     ngx_event_t                          timer;
     ngx_uint_t                           failures;   /* in a row */
     unsigned                             subscribed:1;
@@ -39,6 +51,8 @@ static void ngx_http_idempotency_redis_sub_retry(
 static void ngx_http_idempotency_redis_sub_reply(redisAsyncContext *ac,
     void *r, void *privdata);
 static void ngx_http_idempotency_redis_sub_timer(ngx_event_t *ev);
+static void ngx_http_idempotency_redis_sub_follow(
+    ngx_http_idempotency_redis_sub_t *sub);
 static void ngx_http_idempotency_redis_sub_read(ngx_event_t *rev);
 #if (NGX_SSL)
 static void ngx_http_idempotency_redis_sub_write(ngx_event_t *wev);
@@ -57,15 +71,6 @@ ngx_http_idempotency_redis_sub_start(ngx_http_idempotency_redis_conf_t *rcf,
     void *data, ngx_pool_t *pool, ngx_log_t *log)
 {
     ngx_http_idempotency_redis_sub_t  *sub;
-
-    /*
-     * One server whose address is known now: behind Sentinel or a Cluster,
-     * or with a name the workers resolve, no subscription (documented)
-     */
-
-    if (rcf->mode != NGX_HTTP_IDEMPOTENCY_REDIS_SINGLE || rcf->named) {
-        return NULL;
-    }
 
     sub = ngx_pcalloc(pool, sizeof(ngx_http_idempotency_redis_sub_t));
     if (sub == NULL) {
@@ -106,9 +111,11 @@ ngx_http_idempotency_redis_sub_connect(ngx_http_idempotency_redis_sub_t *sub)
 {
     int                                 argc;
     size_t                              argvlen[3];
-    const char                         *argv[3];
+    in_port_t                           port;
+    const char                         *argv[3], *host, *name;
     ngx_connection_t                   *c;
     redisAsyncContext                  *ac;
+    ngx_http_idempotency_redis_node_t  *node;
     ngx_http_idempotency_redis_conf_t  *rcf;
 
     rcf = sub->conf;
@@ -117,11 +124,34 @@ ngx_http_idempotency_redis_sub_connect(ngx_http_idempotency_redis_sub_t *sub)
         return;
     }
 
+    name = NULL;
+
     if (rcf->unix_path.len) {
         ac = redisAsyncConnectUnix((const char *) rcf->unix_path.data);
 
     } else {
-        ac = redisAsyncConnect((const char *) rcf->host.data, rcf->port);
+        /* where the module's own connection is: an address that works */
+
+        node = rcf->topology->listener(rcf, sub->node);
+
+        if (node == NULL
+            || ngx_http_idempotency_redis_node_peer(node, &host, &port,
+                                                    &name)
+               != NGX_OK)
+        {
+            if (sub->timer.timer_set) {
+                ngx_del_timer(&sub->timer);
+            }
+
+            ngx_add_timer(&sub->timer, NGX_HTTP_IDEMPOTENCY_REDIS_SUB_WAIT);
+            return;
+        }
+
+        sub->node = node;
+        ngx_cpystrn(sub->host, (u_char *) host, NGX_SOCKADDR_STRLEN);
+        sub->port = port;
+
+        ac = redisAsyncConnect((const char *) sub->host, port);
     }
 
     if (ac == NULL || ac->err) {
@@ -142,7 +172,7 @@ ngx_http_idempotency_redis_sub_connect(ngx_http_idempotency_redis_sub_t *sub)
 
 #if (NGX_SSL)
     if (rcf->tls) {
-        c = ngx_http_idempotency_redis_tls_attach(ac, rcf->tls, NULL, NULL,
+        c = ngx_http_idempotency_redis_tls_attach(ac, rcf->tls, name, NULL,
                                                   NULL, sub->log);
         if (c) {
             c->write->handler = ngx_http_idempotency_redis_sub_write;
@@ -299,6 +329,8 @@ ngx_http_idempotency_redis_sub_reply(redisAsyncContext *ac, void *r,
         sub->subscribed = 1;
         sub->failures = 0;
 
+        ngx_add_timer(&sub->timer, NGX_HTTP_IDEMPOTENCY_REDIS_SUB_FOLLOW);
+
         sub->handler(sub->data, NGX_HTTP_IDEMPOTENCY_REDIS_SUB_READY, NULL);
         return;
     }
@@ -315,7 +347,7 @@ ngx_http_idempotency_redis_sub_reply(redisAsyncContext *ac, void *r,
 }
 
 
-/* no confirmation in time, or the time to subscribe again */
+/* no confirmation in time, the time to subscribe again, or to follow */
 
 static void
 ngx_http_idempotency_redis_sub_timer(ngx_event_t *ev)
@@ -330,7 +362,52 @@ ngx_http_idempotency_redis_sub_timer(ngx_event_t *ev)
     if (!sub->subscribed) {
         ngx_http_idempotency_redis_sub_close(sub);
         ngx_http_idempotency_redis_sub_retry(sub, "timed out");
+        return;
     }
+
+    ngx_http_idempotency_redis_sub_follow(sub);
+}
+
+
+/*
+ * The node to listen at moved (the sentinels named another master, the
+ * name resolves elsewhere, the Cluster node is gone) and the module's
+ * connection is up there: the subscription moves after it.  A server that
+ * is no longer the master may hear no more of what is published.
+ */
+
+static void
+ngx_http_idempotency_redis_sub_follow(ngx_http_idempotency_redis_sub_t *sub)
+{
+    in_port_t                           port;
+    const char                         *host, *name;
+    ngx_http_idempotency_redis_node_t  *node;
+    ngx_http_idempotency_redis_conf_t  *rcf;
+
+    rcf = sub->conf;
+
+    if (rcf->unix_path.len == 0) {
+        node = rcf->topology->listener(rcf, sub->node);
+
+        if (node
+            && ngx_http_idempotency_redis_node_peer(node, &host, &port, &name)
+               == NGX_OK
+            && (node != sub->node || port != sub->port
+                || ngx_strcmp(host, sub->host) != 0))
+        {
+            ngx_log_error(NGX_LOG_NOTICE, sub->log, 0,
+                          "idempotency: the subscription to \"%V\" of %V "
+                          "moves from %s:%d to %s:%d", sub->channel,
+                          &rcf->text, sub->host, (int) sub->port, host,
+                          (int) port);
+
+            ngx_http_idempotency_redis_sub_close(sub);
+            ngx_http_idempotency_redis_sub_connect(sub);
+            return;
+        }
+    }
+
+    ngx_add_timer(&sub->timer, NGX_HTTP_IDEMPOTENCY_REDIS_SUB_FOLLOW);
 }
 
 

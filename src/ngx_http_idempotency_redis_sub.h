@@ -29,10 +29,12 @@ typedef struct ngx_http_idempotency_redis_sub_s
 
 
 /*
- * Subscribes to "channel" at the Redis of rcf (a single server: NULL for
- * Sentinel and Cluster, which this does not follow) and keeps the
- * subscription until sub_exit(); handler is called on every event.  The
- * channel must live as long as the worker.
+ * Subscribes to "channel" at the Redis of rcf (where its topology says
+ * every PUBLISH is heard, once the module's connection there is up) and
+ * keeps the subscription, following that connection when it moves, until
+ * sub_exit(); handler is called on every event (LOST then READY when the
+ * subscription moves).  The channel must live as long as the worker.
+ * NULL: out of memory.
  */
 ngx_http_idempotency_redis_sub_t *ngx_http_idempotency_redis_sub_start(
     ngx_http_idempotency_redis_conf_t *rcf, ngx_str_t *channel,

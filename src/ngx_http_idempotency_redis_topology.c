@@ -20,6 +20,9 @@ static void ngx_http_idempotency_redis_single_exit(
     ngx_http_idempotency_redis_conf_t *rcf);
 static ngx_http_idempotency_redis_node_t *ngx_http_idempotency_redis_first(
     ngx_http_idempotency_redis_conf_t *rcf, ngx_str_t *key);
+static ngx_http_idempotency_redis_node_t *
+    ngx_http_idempotency_redis_master(ngx_http_idempotency_redis_conf_t *rcf,
+    ngx_http_idempotency_redis_node_t *current);
 
 static ngx_int_t ngx_http_idempotency_redis_sentinel_init(ngx_cycle_t *cycle,
     ngx_http_idempotency_redis_conf_t *rcf);
@@ -41,7 +44,8 @@ const ngx_http_idempotency_redis_topology_t
     ngx_http_idempotency_redis_first,
     NULL,
     NULL,
-    ngx_http_idempotency_redis_demoted
+    ngx_http_idempotency_redis_demoted,
+    ngx_http_idempotency_redis_master
 };
 
 
@@ -52,7 +56,8 @@ const ngx_http_idempotency_redis_topology_t
     ngx_http_idempotency_redis_first,
     NULL,
     NULL,
-    ngx_http_idempotency_redis_demoted
+    ngx_http_idempotency_redis_demoted,
+    ngx_http_idempotency_redis_master
 };
 
 
@@ -153,6 +158,16 @@ ngx_http_idempotency_redis_single_exit(ngx_http_idempotency_redis_conf_t *rcf)
 static ngx_http_idempotency_redis_node_t *
 ngx_http_idempotency_redis_first(ngx_http_idempotency_redis_conf_t *rcf,
     ngx_str_t *key)
+{
+    return rcf->node;
+}
+
+
+/* a single server's or the sentinels' master hears what is published */
+
+static ngx_http_idempotency_redis_node_t *
+ngx_http_idempotency_redis_master(ngx_http_idempotency_redis_conf_t *rcf,
+    ngx_http_idempotency_redis_node_t *current)
 {
     return rcf->node;
 }

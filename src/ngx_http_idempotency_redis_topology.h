@@ -54,6 +54,20 @@ struct ngx_http_idempotency_redis_topology_s {
      * it): the text for the log, or NULL.
      */
     const char                        *(*demoted)(redisReply *reply);
+
+    /*
+     * A node whose server hears every PUBLISH made to this Redis, for a
+     * subscription to listen at: the master (a replica of it would hear
+     * them as well, so a demoted master goes on hearing them); in a
+     * Cluster, which sends every PUBLISH to every node, "current" while
+     * its connection is ready, else any node whose connection is.  NULL:
+     * none now.
+     */
+    ngx_http_idempotency_redis_node_t *(*listener)(
+                                           ngx_http_idempotency_redis_conf_t
+                                           *rcf,
+                                           ngx_http_idempotency_redis_node_t
+                                           *current);
 };
 
 

@@ -248,6 +248,24 @@ sub kill_clients {
 
 # POSTs a warm-up key until it gets 201: the first requests after a start
 # may come before a worker has asked the sentinel or the slot map
+# the replay cache, whose purge listener then subscribes over TLS
+our $Cache = "    idempotency_cache_zone t190:1m;\n    idempotency_cache t190;\n";
+
+# subscribers to the purge channel at the TLS port (polled: worker 0
+# subscribes once its own connection is up)
+sub listeners {
+    my ($port) = @_;
+    my $n = 0;
+    for (1 .. 200 * $IdemTest::Slow) {
+        my $out = `redis-cli --tls --cacert '$Dir/ca.crt' -p $port \\
+                   PUBSUB NUMSUB '$ENV{TEST_NGINX_PREFIX}purge' 2>&1`;
+        (undef, $n) = split /\n/, $out;
+        last if $n;
+        select(undef, undef, undef, 0.05);
+    }
+    return $n // 0;
+}
+
 sub warm {
     my ($key) = @_;
     for (1 .. 100 * $IdemTest::Slow) {
@@ -455,7 +473,8 @@ EXEC
 
 
 === TEST 13: Sentinel over TLS: nginx starts (a request that needs no Redis)
---- http_config eval: main::sentinel("tls_trusted_certificate=$::Dir/ca.crt")
+--- http_config eval
+main::sentinel("tls_trusted_certificate=$::Dir/ca.crt") . $::Cache
 --- config eval: $::Config
 --- request
 GET /ping
@@ -477,7 +496,10 @@ EXEC POST /backend tls-sentinel
 
 
 
-=== TEST 15: ... and its retry is replayed (the log of this nginx shows one run)
+=== TEST 15: ... and its retry is replayed (the log of this nginx shows one run); the purge listener is at the master, over TLS
+--- init
+Test::More::is(main::listeners($::Port{master}), 1,
+               'worker 0 listens for purges at the master, over TLS');
 --- request
 POST /t
 --- more_headers
@@ -508,7 +530,8 @@ EXEC
 
 
 === TEST 17: Cluster over TLS: nginx starts (a request that needs no Redis)
---- http_config eval: main::cluster("tls_trusted_certificate=$::Dir/ca.crt")
+--- http_config eval
+main::cluster("tls_trusted_certificate=$::Dir/ca.crt") . $::Cache
 --- config eval: $::Config
 --- request
 GET /ping
@@ -530,7 +553,10 @@ EXEC POST /backend tls-cluster
 
 
 
-=== TEST 19: ... and its retry is replayed (the log of this nginx shows one run)
+=== TEST 19: ... and its retry is replayed (the log of this nginx shows one run); the purge listener is at the node, over TLS
+--- init
+Test::More::is(main::listeners($::Port{cluster}), 1,
+               'worker 0 listens for purges at the Cluster node, over TLS');
 --- request
 POST /t
 --- more_headers
