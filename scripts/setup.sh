@@ -16,9 +16,11 @@ build="gcc make libc6-dev dpkg-dev nginx nginx-dev libhiredis-dev libssl-dev
 run="redis-server redis-tools curl"
 # t/150-roads.t: fcgiwrap (the fastcgi_pass road), python3-h2 (its HTTP/2
 # client); t/152-stripe.t: python3-stripe (a real client with a timeout);
-# t/156-subrequest.t: the Lua module (an operation run in a subrequest)
+# t/156-subrequest.t: the Lua module (an operation run in a subrequest);
+# t/194-cache-crash.t: gdb (a worker killed inside the cache's lock)
 test="perl libtest-base-perl libcmocka-dev python3 openssl fcgiwrap
-      python3-h2 python3-stripe libnginx-mod-http-ndk libnginx-mod-http-lua"
+      python3-h2 python3-stripe libnginx-mod-http-ndk libnginx-mod-http-lua
+      gdb"
 # what the real Test::Nginx needs besides Test::Base (make test
 # TEST_NGINX_LIB=...: the suite under openresty's runner)
 test="$test libtext-diff-perl libtest-longstring-perl liblist-moreutils-perl

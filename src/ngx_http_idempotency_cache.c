@@ -81,6 +81,7 @@ typedef struct {
 typedef struct {
     ngx_slab_pool_t                     *shpool;
     size_t                               max_size;
+    ngx_str_t                            name;
 } ngx_http_idempotency_cache_t;
 
 
@@ -242,6 +243,7 @@ ngx_http_idempotency_cache_zone(ngx_conf_t *cf, ngx_command_t *cmd,
     }
 
     cache->max_size = max_size;
+    cache->name = name;
 
     shm_zone->init = ngx_http_idempotency_cache_init_zone;
     shm_zone->data = cache;
@@ -399,6 +401,13 @@ ngx_http_idempotency_cache_lock(ngx_http_idempotency_cache_t *cache)
     sh = cache->shpool->data;
 
     if (sh == NULL || sh->dirty) {
+        if (sh) {
+            ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0,
+                          "idempotency cache: a worker died while changing "
+                          "zone \"%V\", its entries are dropped",
+                          &cache->name);
+        }
+
         ngx_slab_init(cache->shpool);
 
         if (ngx_http_idempotency_cache_init_sh(cache->shpool) != NGX_OK) {

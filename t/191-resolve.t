@@ -43,7 +43,7 @@ my $dir = File::Spec->rel2abs(File::Temp::tempdir('t190-XXXXXX',
 chmod 0755, $dir;
 
 my (%redis, $nginx_pid);
-my $rport = free_port_on($A, $B);
+my $rport = IdemTest::free_port_on($A, $B);
 my $port = IdemTest::free_port();
 
 $SIG{INT} = $SIG{TERM} = sub { stop_all(); exit 130 };
@@ -52,7 +52,7 @@ my $dns = TinyDNS->new(dir => $dir, ttl => 1);
 $dns->set('redis.test' => $A);
 
 for my $ip ($A, $B) {
-    start_redis($ip) or do {
+    $redis{$ip} = IdemTest::start_redis_on($ip, $rport, $dir) or do {
         stop_all();
         plan skip_all => "redis-server on $ip:$rport did not start";
     };
@@ -221,42 +221,6 @@ done_testing();
 
 
 # --- helpers -------------------------------------------------------------
-
-# a TCP port free on both addresses
-sub free_port_on {
-    my @ips = @_;
-
-    for (1 .. 50) {
-        my $p = IdemTest::free_port();
-        my @s = map {
-            IO::Socket::INET->new(Listen => 1, LocalAddr => $_,
-                                  LocalPort => $p, Proto => 'tcp', )
-        } @ips;
-        return $p unless grep { !defined } @s;
-    }
-
-    die "no free port on @ips\n";
-}
-
-sub start_redis {
-    my ($ip) = @_;
-
-    my $pid = fork();
-    die "fork: $!\n" unless defined $pid;
-
-    if ($pid == 0) {
-        open STDOUT, '>>', "$dir/redis-$ip.out" or POSIX::_exit(127);
-        open STDERR, '>&', \*STDOUT or POSIX::_exit(127);
-        exec 'redis-server', '--bind', $ip, '--port', $rport,
-             '--save', '', '--appendonly', 'no', '--dir', $dir,
-             '--dbfilename', "dump-$ip.rdb"
-            or POSIX::_exit(127);
-    }
-
-    $redis{$ip} = $pid;
-
-    return wait_for(10, sub { cli($ip, 'PING') eq 'PONG' });
-}
 
 sub cli {
     my ($ip, @args) = @_;

@@ -19,13 +19,12 @@ use Digest::SHA ();
 use File::Path ();
 use File::Spec ();
 use File::Temp ();
-use IO::Socket::INET ();
-use POSIX ();
-use Time::HiRes ();
 
 use lib 't/lib';
+use IdemCluster ();
 use IdemTest ();
 use RedisTopology;
+use Roads ();
 use TinyDNS;
 
 plan skip_all => 'TEST_NGINX_LOAD_MODULES is not set (run via make test)'
@@ -34,8 +33,7 @@ plan skip_all => 'redis-server and redis-cli are needed'
     unless `sh -c 'command -v redis-server && command -v redis-cli'`
            =~ /redis-cli/;
 
-my $Nginx = $ENV{TEST_NGINX_BINARY} || '/usr/sbin/nginx';
-my $Slow = $ENV{TEST_NGINX_USE_VALGRIND} ? 6 : 1;
+my $Slow = $IdemTest::Slow;
 my ($A, $B) = ('127.0.0.2', '127.0.0.3');
 
 my $base = -d 'build/test' ? 'build/test' : File::Spec->tmpdir;
@@ -43,9 +41,9 @@ my $dir = File::Spec->rel2abs(File::Temp::tempdir('t193-XXXXXX',
                                                    DIR => $base));
 chmod 0755, $dir;
 
-my (%redis, %nginx, $topo, $cl, $dns);
+my (%redis, $topo, $cl, $dns);
 my %prefix = (sentinel => 't193s:', cluster => 't193c:', named => 't193n:');
-my $rport = free_port_on($A, $B);
+my $rport = IdemTest::free_port_on($A, $B);
 my @port = (IdemTest::free_port(), IdemTest::free_port());
 
 $SIG{INT} = $SIG{TERM} = sub { stop_all(); exit 130 };
@@ -59,7 +57,6 @@ unless ($topo->start) {
     plan skip_all => "no Sentinel topology: $why";
 }
 
-require IdemCluster;
 $cl = IdemCluster->start(3);
 unless ($cl) {
     stop_all();
@@ -70,7 +67,7 @@ $dns = TinyDNS->new(dir => $dir, ttl => 1);
 $dns->set('redis.test' => $A);
 
 for my $ip ($A, $B) {
-    start_redis($ip) or do {
+    $redis{$ip} = IdemTest::start_redis_on($ip, $rport, $dir) or do {
         stop_all();
         plan skip_all => "redis-server on $ip:$rport did not start";
     };
@@ -78,10 +75,7 @@ for my $ip ($A, $B) {
 
 is(rcli($B, 'REPLICAOF', $A, $rport), 'OK', 'B replicates A');
 
-for my $n (0, 1) {
-    write_conf($n);
-    start_nginx($n);
-}
+Roads::start_nginx("$dir/n$_", $port[$_], http_conf($_)) for 0, 1;
 
 # the locations of each Redis, the Redis servers a subscription may be at
 my %where = (
@@ -157,7 +151,7 @@ is(rcli($A, 'REPLICAOF', 'NO', 'ONE'), 'OK', 'A leaves B');
 purged_everywhere('named', 'named-2');
 
 for my $n (0, 1) {
-    unlike(slurp("$dir/n$n/logs/error.log"), qr/\[(?:alert|crit|emerg)\]/,
+    unlike(Roads::slurp(error_log($n)), qr/\[(?:alert|crit|emerg)\]/,
            "node " . ($n + 1) . ": no alert in the error log");
 }
 
@@ -212,41 +206,6 @@ sub numsub {
     return $n // 0;
 }
 
-sub free_port_on {
-    my @ips = @_;
-
-    for (1 .. 50) {
-        my $p = IdemTest::free_port();
-        my @s = map {
-            IO::Socket::INET->new(Listen => 1, LocalAddr => $_,
-                                  LocalPort => $p, Proto => 'tcp', )
-        } @ips;
-        return $p unless grep { !defined } @s;
-    }
-
-    die "no free port on @ips\n";
-}
-
-sub start_redis {
-    my ($ip) = @_;
-
-    my $pid = fork();
-    die "fork: $!\n" unless defined $pid;
-
-    if ($pid == 0) {
-        open STDOUT, '>>', "$dir/redis-$ip.out" or POSIX::_exit(127);
-        open STDERR, '>&', \*STDOUT or POSIX::_exit(127);
-        exec 'redis-server', '--bind', $ip, '--port', $rport,
-             '--save', '', '--appendonly', 'no', '--dir', $dir,
-             '--dbfilename', "dump-$ip.rdb"
-            or POSIX::_exit(127);
-    }
-
-    $redis{$ip} = $pid;
-
-    return wait_for(10, sub { rcli($ip, 'PING') eq 'PONG' });
-}
-
 sub rcli {
     my ($ip, @args) = @_;
     my $out = `redis-cli -h $ip -p $rport @args 2>/dev/null`;
@@ -255,28 +214,7 @@ sub rcli {
 }
 
 # one request to node $n, read to its end
-sub http {
-    my ($n, $req) = @_;
-
-    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1',
-                                  PeerPort => $port[$n],
-                                  Timeout => 5 * $Slow)
-        or return '';
-
-    print $s $req;
-
-    my $resp = '';
-    eval {
-        local $SIG{ALRM} = sub { die "timeout\n" };
-        alarm(10 * $Slow);
-        local $/;
-        $resp = <$s> // '';
-        alarm(0);
-    };
-    alarm(0);
-
-    return $resp;
-}
+sub http { IdemTest::exchange($port[$_[0]], $_[1]) }
 
 # POST to node $n: "status cache" (the X-Idempotency-Cache value)
 sub post {
@@ -302,27 +240,18 @@ sub purge {
     return $status // 0;
 }
 
-sub wait_for {
-    my ($seconds, $cond) = @_;
-    my $until = Time::HiRes::time() + $seconds * $Slow;
-
-    while (Time::HiRes::time() < $until) {
-        return 1 if $cond->();
-        Time::HiRes::sleep(0.1);
-    }
-
-    return 0;
-}
+sub error_log { "$dir/n$_[0]/nginx/logs/error.log" }
 
 sub log_has {
     my ($n, $re) = @_;
-    return wait_for(20, sub { slurp("$dir/n$n/logs/error.log") =~ $re });
+    return wait_for(20, sub { Roads::slurp(error_log($n)) =~ $re });
 }
 
-sub write_conf {
+sub wait_for { Roads::wait_for(@_) }
+
+# node $n's http{}: a protected location and an admin one per Redis
+sub http_conf {
     my ($n) = @_;
-    my $prefix = "$dir/n$n";
-    File::Path::make_path("$prefix/conf", "$prefix/logs");
 
     my $s = join ' ', map { "127.0.0.1:$_" } @{ $topo->{sentinel_ports} };
     my %redis = (
@@ -353,21 +282,7 @@ sub write_conf {
 LOC
     }
 
-    open my $fh, '>', "$prefix/conf/nginx.conf" or die "nginx.conf: $!\n";
-    print $fh <<CONF;
-load_module $ENV{TEST_NGINX_LOAD_MODULES};
-daemon off;
-master_process on;
-worker_processes 2;
-error_log logs/error.log info;
-pid logs/nginx.pid;
-
-events {
-    worker_connections 256;
-}
-
-http {
-    access_log off;
+    return <<HTTP;
     resolver 127.0.0.1:@{[ $dns->port ]} valid=1s ipv6=off;
     resolver_timeout 2s;
 
@@ -382,63 +297,11 @@ $locations
             return 201 "ran \$request_id\\n";
         }
     }
-}
-CONF
-    close $fh;
-}
-
-sub start_nginx {
-    my ($n) = @_;
-    my $prefix = "$dir/n$n";
-
-    my @cmd = ($Nginx, '-p', "$prefix/", '-c', 'conf/nginx.conf');
-    if ($ENV{TEST_NGINX_USE_VALGRIND}) {
-        my @vg = ('valgrind', '-q', '--tool=memcheck', '--leak-check=full',
-                  '--keep-debuginfo=yes', '--show-possibly-lost=no',
-                  '--gen-suppressions=all', '--num-callers=100',
-                  '--trace-children=no');
-        push @vg, '--suppressions=valgrind.suppress' if -f 'valgrind.suppress';
-        @cmd = (@vg, @cmd);
-    }
-
-    my $stderr = $ENV{TEST_NGINX_USE_VALGRIND} && $ENV{TEST_NGINX_VALGRIND_LOG}
-                 || "$prefix/logs/stderr.log";
-
-    if ($ENV{TEST_NGINX_USE_VALGRIND} && $ENV{TEST_NGINX_VALGRIND_LOG}) {
-        open my $out, '>>', $stderr or die "$stderr: $!\n";
-        print $out "=== $0 nginx $n\n";
-        close $out;
-    }
-
-    my $pid = fork();
-    die "fork: $!" unless defined $pid;
-
-    if ($pid == 0) {
-        open STDERR, '>>', $stderr;
-        exec @cmd or POSIX::_exit(127);
-    }
-
-    $nginx{$n} = $pid;
-
-    wait_for(20, sub {
-        IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port[$n],
-                              Timeout => 1)
-    }) or BAIL_OUT("nginx $n did not start: " . slurp($stderr) . tail($n));
+HTTP
 }
 
 sub stop_all {
-    for my $n (keys %nginx) {
-        my $pid = delete $nginx{$n};
-        kill 'QUIT', $pid;
-
-        for (1 .. 200) {
-            last if waitpid($pid, POSIX::WNOHANG()) != 0;
-            Time::HiRes::sleep(0.05 * $Slow);
-            kill 'KILL', $pid if $_ == 200;
-        }
-
-        waitpid($pid, 0);
-    }
+    Roads::stop();
 
     for my $ip (keys %redis) {
         my $pid = delete $redis{$ip};
@@ -454,16 +317,9 @@ sub stop_all {
     undef $dns;
 }
 
-sub slurp {
-    my ($path) = @_;
-    open my $fh, '<', $path or return '';
-    local $/;
-    return <$fh>;
-}
-
 sub tail {
     my ($n) = @_;
-    my @l = split /\n/, slurp("$dir/n$n/logs/error.log");
+    my @l = split /\n/, Roads::slurp(error_log($n));
     return "node " . ($n + 1) . ":\n"
            . join("\n", @l[($#l > 30 ? $#l - 30 : 0) .. $#l]) . "\n";
 }

@@ -14,7 +14,8 @@ use IO::Socket::INET ();
 use POSIX ();
 
 our @EXPORT = qw($Slow first_request free_port key_hash key_slot redis_cli
-                 redis_ctl redis_older redis_pause_all redis_busy_after);
+                 redis_ctl redis_older redis_pause_all redis_busy_after
+                 free_port_on start_redis_on exchange);
 
 # under valgrind everything is many times slower: so is our choreography
 our $Slow = $ENV{TEST_NGINX_USE_VALGRIND} ? 6 : 1;
@@ -87,6 +88,77 @@ sub free_port {
     my $p = $s->sockport;
     close $s;
     return $p;
+}
+
+# Sends the raw $request to 127.0.0.1:$port and reads the answer to its
+# end (the request should ask for Connection: close): the answer, '' when
+# none came within $secs seconds (default 10; scaled under valgrind).
+sub exchange {
+    my ($port, $request, $secs) = @_;
+    my $limit = ($secs // 10) * $Slow;
+
+    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port,
+                                  Timeout => $limit)
+        or return '';
+
+    print $s $request;
+
+    my $resp = '';
+    eval {
+        local $SIG{ALRM} = sub { die "timeout\n" };
+        alarm($limit);
+        local $/;
+        $resp = <$s> // '';
+        alarm(0);
+    };
+    alarm(0);
+
+    return $resp;
+}
+
+# A TCP port free on every one of the loopback addresses @ips (for
+# servers that must share a port, as a name's addresses do).
+sub free_port_on {
+    my @ips = @_;
+
+    for (1 .. 50) {
+        my $p = free_port();
+        my @s = map {
+            IO::Socket::INET->new(Listen => 1, LocalAddr => $_,
+                                  LocalPort => $p, Proto => 'tcp')
+        } @ips;
+        return $p unless grep { !defined } @s;
+    }
+
+    die "no free port on @ips\n";
+}
+
+# A redis-server of the test's own on $ip:$port (no persistence, files in
+# $dir), in the foreground as a child: its pid once it answers PING, or
+# undef (the caller stops it by that pid).
+sub start_redis_on {
+    my ($ip, $port, $dir) = @_;
+
+    my $pid = fork();
+    die "fork: $!\n" unless defined $pid;
+
+    if ($pid == 0) {
+        open STDOUT, '>>', "$dir/redis-$ip.out" or POSIX::_exit(127);
+        open STDERR, '>&', \*STDOUT or POSIX::_exit(127);
+        exec 'redis-server', '--bind', $ip, '--port', $port,
+             '--save', '', '--appendonly', 'no', '--dir', $dir,
+             '--dbfilename', "dump-$ip.rdb"
+            or POSIX::_exit(127);
+    }
+
+    for (1 .. 100) {
+        return $pid if `redis-cli -h $ip -p $port PING 2>/dev/null` =~ /PONG/;
+        select(undef, undef, undef, 0.1);
+    }
+
+    kill 'TERM', $pid;
+    waitpid($pid, 0);
+    return undef;
 }
 
 # the Redis Cluster slot of a key (CRC16/XMODEM of its hash tag or of it)

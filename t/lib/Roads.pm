@@ -454,8 +454,12 @@ sub start_fcgiwrap {
 
 # starts nginx with prefix $dir/nginx and $conf as the http{} block's
 # content; returns its pid (dies when it does not listen on $port)
+# an nginx of ours with $http in its http{} (listening on $port), its
+# prefix DIR/nginx, error log at info, $workers workers (default 2), under
+# valgrind when the run is; its pid, stopped with the rest by stop()
 sub start_nginx {
-    my ($dir, $port, $http) = @_;
+    my ($dir, $port, $http, $workers) = @_;
+    $workers //= 2;
     my $prefix = "$dir/nginx";
     need('File::Path');
     File::Path::make_path("$prefix/conf", "$prefix/logs");
@@ -465,7 +469,7 @@ sub start_nginx {
 load_module $ENV{TEST_NGINX_LOAD_MODULES};
 daemon off;
 master_process on;
-worker_processes 2;
+worker_processes $workers;
 error_log logs/error.log info;
 pid logs/nginx.pid;
 
