@@ -1541,7 +1541,7 @@ def profile(opts):
     if not shutil.which("valgrind"):
         raise SetupError("valgrind is not installed (scripts/setup.sh bench)")
     b = Bench(opts)
-    opts.scenarios = ["baseline", "miss", "hit"]
+    opts.scenarios = list(opts.profile_scenarios)
     opts.workers = 1
     b.start_backends()
     out = {}
@@ -1568,12 +1568,13 @@ def profile(opts):
                 conn = http.client.HTTPConnection("127.0.0.1", port,
                                                   timeout=30)
                 n = opts.profile_requests
+                path = PATHS.get(name, "/orders")
                 if mode == "cycle" and subject == "module":
-                    prestore(port, "/orders", runid, opts.keys,
+                    prestore(port, path, runid, opts.keys,
                              RESPONSE_1K.encode())
                 # warm-up outside the measurement
                 for i in range(50):
-                    post(conn, "/orders", "%s-w%d" % (runid, i)
+                    post(conn, path, "%s-w%d" % (runid, i)
                          if mode == "unique" else "%s-%d"
                          % (runid, i % opts.keys))
                 subprocess.run(["callgrind_control", "-i", "on",
@@ -1582,7 +1583,7 @@ def profile(opts):
                 for i in range(n):
                     key = ("%s-u%d" % (runid, i) if mode == "unique"
                            else "%s-%d" % (runid, i % opts.keys))
-                    st, _, body = post(conn, "/orders", key)
+                    st, _, body = post(conn, path, key)
                     if st != 200:
                         raise SetupError("profile %s: %d" % (name, st))
                 subprocess.run(["callgrind_control", "-i", "off",

@@ -15,7 +15,11 @@
 #include <openssl/sha.h>
 
 
-/* the per-request digest: a pool cleanup frees it */
+/* digests kept for the next requests, per worker */
+#define NGX_HTTP_IDEMPOTENCY_BODY_SPARE  32
+
+
+/* the per-request digest: a pool cleanup gives it back */
 typedef struct {
     EVP_MD_CTX                          *md_ctx;
     unsigned                             done:1;     /* saw the last buffer */
@@ -24,6 +28,8 @@ typedef struct {
 
 
 static void ngx_http_idempotency_body_cleanup(void *data);
+static EVP_MD_CTX *ngx_http_idempotency_body_md_get(void);
+static void ngx_http_idempotency_body_md_put(EVP_MD_CTX *md_ctx);
 static ngx_int_t ngx_http_idempotency_body_filter(ngx_http_request_t *r,
     ngx_chain_t *in);
 static ngx_int_t ngx_http_idempotency_body_head(ngx_http_request_t *r,
@@ -78,6 +84,14 @@ static const EVP_MD  *ngx_http_idempotency_body_md;
 static EVP_MD        *ngx_http_idempotency_body_md_fetched;
 #endif
 
+/*
+ * Digest contexts of finished requests, reused by the next ones: a new one
+ * per request costs more allocations than hashing a small body
+ */
+static EVP_MD_CTX    *ngx_http_idempotency_body_spare[
+                          NGX_HTTP_IDEMPOTENCY_BODY_SPARE];
+static ngx_uint_t     ngx_http_idempotency_body_nspare;
+
 
 ngx_int_t
 ngx_http_idempotency_body_init(ngx_conf_t *cf)
@@ -95,6 +109,11 @@ void
 ngx_http_idempotency_body_exit_process(ngx_cycle_t *cycle)
 {
     (void) cycle;
+
+    while (ngx_http_idempotency_body_nspare) {
+        EVP_MD_CTX_free(ngx_http_idempotency_body_spare[
+                            --ngx_http_idempotency_body_nspare]);
+    }
 
 #if (OPENSSL_VERSION_NUMBER >= 0x30000000L)
     if (ngx_http_idempotency_body_md_fetched) {
@@ -145,7 +164,7 @@ ngx_http_idempotency_body_start(ngx_http_request_t *r,
         return NGX_ERROR;
     }
 
-    body->md_ctx = EVP_MD_CTX_new();
+    body->md_ctx = ngx_http_idempotency_body_md_get();
     if (body->md_ctx == NULL) {
         ngx_log_error(NGX_LOG_ALERT, r->connection->log, 0,
                       "idempotency: EVP_MD_CTX_new() failed");
@@ -170,8 +189,37 @@ ngx_http_idempotency_body_cleanup(void *data)
 {
     ngx_http_idempotency_body_t *body = data;
 
-    EVP_MD_CTX_free(body->md_ctx);
-    body->md_ctx = NULL;
+    if (body->md_ctx) {
+        ngx_http_idempotency_body_md_put(body->md_ctx);
+        body->md_ctx = NULL;
+    }
+}
+
+
+static EVP_MD_CTX *
+ngx_http_idempotency_body_md_get(void)
+{
+    if (ngx_http_idempotency_body_nspare) {
+        return ngx_http_idempotency_body_spare[
+                   --ngx_http_idempotency_body_nspare];
+    }
+
+    return EVP_MD_CTX_new();
+}
+
+
+/* EVP_DigestInit_ex() starts a reused one afresh */
+
+static void
+ngx_http_idempotency_body_md_put(EVP_MD_CTX *md_ctx)
+{
+    if (ngx_http_idempotency_body_nspare < NGX_HTTP_IDEMPOTENCY_BODY_SPARE) {
+        ngx_http_idempotency_body_spare[ngx_http_idempotency_body_nspare++]
+            = md_ctx;
+        return;
+    }
+
+    EVP_MD_CTX_free(md_ctx);
 }
 
 
@@ -291,7 +339,7 @@ ngx_http_idempotency_body_fingerprint(ngx_http_request_t *r,
 
     /* the digest is not needed any more */
 
-    EVP_MD_CTX_free(body->md_ctx);
+    ngx_http_idempotency_body_md_put(body->md_ctx);
     body->md_ctx = NULL;
     ctx->body = NULL;
 

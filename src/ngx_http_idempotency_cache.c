@@ -746,6 +746,7 @@ ngx_http_idempotency_cache_ttl_handler(void *data, redisReply *reply,
     ngx_http_idempotency_cache_fetch_t *f = data;
 
     ngx_str_t                           key, record, none;
+    const char                         *reason;
     ngx_rbtree_key_t                    hash;
     redisReply                         *v, *ttl;
     ngx_http_idempotency_cache_t       *cache;
@@ -770,11 +771,15 @@ ngx_http_idempotency_cache_ttl_handler(void *data, redisReply *reply,
         goto done;
     }
 
-    /* completed records only; a split one's body is not in it */
+    /*
+     * completed records only (a split one's body is not in it), checked
+     * once here: a hit is not checked again
+     */
 
     if (ngx_http_idempotency_record_parse((u_char *) v->str, v->len, &rec)
         != 0
-        || rec.state != NGX_HTTP_IDEMPOTENCY_RECORD_DONE)
+        || rec.state != NGX_HTTP_IDEMPOTENCY_RECORD_DONE
+        || ngx_http_idempotency_record_validate(&rec, &reason) != 0)
     {
         goto done;
     }
@@ -834,15 +839,22 @@ ngx_http_idempotency_cache_pending(ngx_shm_zone_t *zone,
     ngx_str_t *fence, ngx_str_t *record, ngx_msec_t ttl)
 {
     uint32_t                            rid;
+    const char                         *reason;
     ngx_rbtree_key_t                    hash;
+    ngx_http_idempotency_record_t       rec;
     ngx_http_idempotency_cache_t       *cache;
     ngx_http_idempotency_cache_sh_t    *sh;
     ngx_http_idempotency_cache_node_t  *cn;
 
     cache = zone->data;
 
+    /* checked as one read from Redis would be: a hit is not checked again */
+
     if (record->len > cache->max_size || fence->len > 0xffff
-        || rkey->len > 0xffff)
+        || rkey->len > 0xffff
+        || ngx_http_idempotency_record_parse(record->data, record->len, &rec)
+           != 0
+        || ngx_http_idempotency_record_validate(&rec, &reason) != 0)
     {
         return;
     }
@@ -1128,12 +1140,15 @@ ngx_http_idempotency_cache_totals(ngx_uint_t *entries, size_t *bytes)
 }
 
 
-/* of the key alone: a store's commit finds its entry without the Redis */
+/*
+ * Of the key alone: a store's commit finds its entry without the Redis.
+ * MurmurHash2 reads four bytes a step (CRC32's table one).
+ */
 
 static ngx_rbtree_key_t
 ngx_http_idempotency_cache_hash(ngx_str_t *rkey)
 {
-    return (ngx_rbtree_key_t) ngx_crc32_long(rkey->data, rkey->len);
+    return (ngx_rbtree_key_t) ngx_murmur_hash2(rkey->data, rkey->len);
 }
 
 
@@ -1148,7 +1163,7 @@ ngx_http_idempotency_cache_rid(ngx_http_idempotency_redis_conf_t *rcf)
 {
     uint32_t  rid;
 
-    rid = ngx_crc32_short(rcf->text.data, rcf->text.len);
+    rid = ngx_murmur_hash2(rcf->text.data, rcf->text.len);
 
     return rid ? rid : 1;
 }

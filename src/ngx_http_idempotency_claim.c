@@ -36,7 +36,7 @@ static ngx_int_t ngx_http_idempotency_claim_cached(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 static ngx_int_t ngx_http_idempotency_claim_judge_record(
     ngx_http_request_t *r, ngx_http_idempotency_ctx_t *ctx, u_char *p,
-    size_t len, ngx_http_idempotency_record_t *rec);
+    size_t len, ngx_http_idempotency_record_t *rec, ngx_uint_t checked);
 static void ngx_http_idempotency_free_reply(void *data);
 static void ngx_http_idempotency_resume(ngx_http_request_t *r);
 static void ngx_http_idempotency_settle_handler(void *data, redisReply *reply,
@@ -82,6 +82,10 @@ ngx_http_idempotency_claim_send(ngx_http_request_t *r,
      * for each claim (a waiter claims again): its creation time and token
      * are those of the claim that may win.
      */
+
+    if (ctx->owner[0] == '\0') {
+        ngx_http_idempotency_owner(ctx);
+    }
 
     ctx->created = ngx_time();
 
@@ -266,7 +270,7 @@ ngx_http_idempotency_claim_record(ngx_http_request_t *r,
     ngx_http_idempotency_record_t   rec;
 
     rc = ngx_http_idempotency_claim_judge_record(r, ctx, (u_char *) reply->str,
-                                                 reply->len, &rec);
+                                                 reply->len, &rec, 0);
 
     if (rc != NGX_OK || ctx->reply_kind != NGX_HTTP_IDEMPOTENCY_HIT) {
         return rc;
@@ -319,7 +323,10 @@ ngx_http_idempotency_claim_cached(ngx_http_request_t *r,
         return NGX_DECLINED;
     }
 
-    if (ngx_http_idempotency_claim_judge_record(r, ctx, v.data, v.len, &rec)
+    /* checked when it went in: read back, or written by this node */
+
+    if (ngx_http_idempotency_claim_judge_record(r, ctx, v.data, v.len, &rec,
+                                                1)
         != NGX_OK
         || (ctx->reply_kind != NGX_HTTP_IDEMPOTENCY_HIT
             && ctx->reply_kind != NGX_HTTP_IDEMPOTENCY_MISMATCH)
@@ -339,13 +346,14 @@ ngx_http_idempotency_claim_cached(ngx_http_request_t *r,
 
 /*
  * A record's verdict for this request: the reply's fields point into
- * "p", which must live as long as the request.
+ * "p", which must live as long as the request.  "checked": the record
+ * was validated before (the node's cache), only parsed here.
  */
 
 static ngx_int_t
 ngx_http_idempotency_claim_judge_record(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, u_char *p, size_t len,
-    ngx_http_idempotency_record_t *rec)
+    ngx_http_idempotency_record_t *rec, ngx_uint_t checked)
 {
     const char  *reason;
 
@@ -387,7 +395,7 @@ ngx_http_idempotency_claim_judge_record(ngx_http_request_t *r,
      * a split record's head is checked before its body is fetched
      */
 
-    if (ngx_http_idempotency_record_validate(rec, &reason) != 0) {
+    if (!checked && ngx_http_idempotency_record_validate(rec, &reason) != 0) {
         ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
                       "idempotency: the record key_hash=%s is corrupt: %s; "
                       "not replayed",

@@ -137,5 +137,8 @@ ngx_http_idempotency_ctx_t *ngx_http_idempotency_ctx_create(
 ngx_http_idempotency_ctx_t *ngx_http_idempotency_get_ctx(
     ngx_http_request_t *r);
 
+/* a new owner token in ctx->owner (ngx_http_idempotency_handler.c) */
+void ngx_http_idempotency_owner(ngx_http_idempotency_ctx_t *ctx);
+
 
 #endif /* _NGX_HTTP_IDEMPOTENCY_CTX_H_INCLUDED_ */

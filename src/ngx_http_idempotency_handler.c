@@ -38,7 +38,6 @@ static ngx_int_t ngx_http_idempotency_find_key(ngx_http_request_t *r,
 static ngx_int_t ngx_http_idempotency_record_key(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 static void ngx_http_idempotency_body_handler(ngx_http_request_t *r);
-static void ngx_http_idempotency_owner(ngx_http_idempotency_ctx_t *ctx);
 static ngx_int_t ngx_http_idempotency_decide(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 static ngx_int_t ngx_http_idempotency_conflict(ngx_http_request_t *r,
@@ -199,8 +198,6 @@ ngx_http_idempotency_start(ngx_http_request_t *r,
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
-    ngx_http_idempotency_owner(ctx);
-
     /* the fingerprint needs the whole body: hashed as it is read (body.c) */
 
     if (ngx_http_idempotency_body_start(r, ctx) != NGX_OK) {
@@ -354,10 +351,11 @@ ngx_http_idempotency_body_handler(ngx_http_request_t *r)
  * chance in 2^64 per pair, and then, on one node at one time, also the same
  * pid, which the kernel does not give to two live processes.  The random
  * bytes are drawn once, not per request: RAND_bytes costs more than the
- * rest of a HIT in the module.
+ * rest of a HIT in the module.  Made by the first claim sent to Redis
+ * (a replay from the node's cache needs none).
  */
 
-static void
+void
 ngx_http_idempotency_owner(ngx_http_idempotency_ctx_t *ctx)
 {
     u_char    *p;

@@ -234,16 +234,27 @@ static size_t
 ngx_http_idempotency_record_field(const unsigned char *p,
     const unsigned char *end, size_t max, int hex)
 {
-    size_t  k;
+    size_t         k, n;
+    unsigned char  c;
 
-    for (k = 0; k <= max && p + k < end; k++) {
-        if (p[k] == ' ') {
+    n = (size_t) (end - p);
+
+    if (n > max + 1) {
+        n = max + 1;
+    }
+
+    for (k = 0; k < n; k++) {
+        c = p[k];
+
+        if ((unsigned char) (c - '0') <= 9) {
+            continue;
+        }
+
+        if (c == ' ') {
             return k;
         }
 
-        if (!((p[k] >= '0' && p[k] <= '9')
-              || (hex && p[k] >= 'a' && p[k] <= 'f')))
-        {
+        if (!hex || (unsigned char) (c - 'a') > 5) {
             return 0;
         }
     }
