@@ -360,8 +360,8 @@ def memcached_stats(port):
     return out
 
 
-def client_sockets(pids):
-    """local TCP port -> pid, for the sockets that pids hold."""
+def socket_owners(pids):
+    """socket inode -> pid, for the sockets that pids hold."""
     inode_pid = {}
     for pid in pids:
         d = "/proc/%d/fd" % pid
@@ -375,15 +375,34 @@ def client_sockets(pids):
                     inode_pid[t[8:-1]] = pid
         except OSError:
             pass
-    out = {}
+    return inode_pid
+
+
+def tcp_sockets():
+    """(local port, state, inode) of the machine's IPv4 TCP sockets."""
     with open("/proc/net/tcp") as f:
         next(f)
-        for line in f:
-            p = line.split()
-            port = int(p[1].split(":")[1], 16)
-            if p[9] in inode_pid:
-                out[port] = inode_pid[p[9]]
-    return out
+        return [(int(p[1].split(":")[1], 16), p[3], p[9])
+                for p in (line.split() for line in f)]
+
+
+def client_sockets(pids):
+    """local TCP port -> pid, for the sockets that pids hold."""
+    owners = socket_owners(pids)
+    return {port: owners[ino] for port, _, ino in tcp_sockets()
+            if ino in owners}
+
+
+def conn_split(port, pids):
+    """How many of the established connections to port each of pids holds
+    (wrk's connections stay where the kernel put them for the whole run:
+    an uneven split leaves one front worker short of work)."""
+    owners = socket_owners(pids)
+    counts = dict.fromkeys(pids, 0)
+    for lport, state, ino in tcp_sockets():
+        if lport == port and state == "01" and ino in owners:
+            counts[owners[ino]] += 1
+    return [counts[pid] for pid in pids]
 
 
 # --------------------------------------------------------------------------
@@ -739,10 +758,14 @@ def run_wrk(opts, port, mode, runid, duration, path="/orders", keys=None,
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
     sampled = None
+    split = None
     try:
-        if sample:
+        if sample or procs.get("nginx"):
             time.sleep(duration / 2)
+        if sample:
             sampled = sample()
+        if procs.get("nginx"):
+            split = conn_split(port, procs["nginx"])
         out_f = p.stdout.read()
         err_f = p.stderr.read()
         _, status, ru = os.wait4(p.pid, 0)
@@ -772,6 +795,7 @@ def run_wrk(opts, port, mode, runid, duration, path="/orders", keys=None,
     res["cpu_other"] = max(0.0, busy - sum(res["cpu"].values()))
     res["wall"] = res["duration_us"] / 1e6
     res["sample"] = sampled
+    res["split"] = split
     return res
 
 
@@ -938,6 +962,8 @@ class Bench:
         self.results[tag] = sorted(runs, key=lambda x: x["rps"])[
             (len(runs) - 1) // 2]
         self.results[tag]["all_rps"] = [round(x["rps"]) for x in runs]
+        self.results[tag]["all_split"] = [
+            "/".join(map(str, sorted(x.get("split") or []))) for x in runs]
         cpu = res["cpu"]
         n = res["requests"] or 1
         log("  %-22s %9.0f req/s  p50 %6.2f ms  p99 %6.2f ms  errors %d  "
@@ -1330,23 +1356,29 @@ def report(b, opts):
          ", median of %d rounds" % opts.repeat if opts.repeat > 1 else ""))
     w("")
     w("| scenario | req/s | p50 ms | p99 ms | errors | CPU us/req: "
-      "front nginx | upstream | store | wrk | irq | busy | others' load |")
-    w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+      "front nginx | upstream | store | wrk | irq | busy | others' load "
+      "| connections per front worker |")
+    w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     ncpu = os.cpu_count() or 1
     for tag, res in R.items():
         n = res["requests"] or 1
         c = res["cpu"]
         store = c.get("redis", c.get("memcached"))
         w("| %s | %.0f | %s | %s | %d | %.1f | %.1f | %s | %.1f | %.1f | "
-          "%.2f | %.0f%% |" % (
-              tag + (" (%s)" % ", ".join(map(str, res["all_rps"]))
+          "%.2f | %.0f%% | %s |" % (
+              tag + (" (%s)" % ", ".join(
+                  "%d%s" % (v, " at " + s if s else "") for v, s in
+                  zip(res["all_rps"], res.get("all_split")
+                      or [""] * len(res["all_rps"])))
                      if len(res.get("all_rps", [])) > 1 else ""),
               res["rps"], fmt_ms(res["p50"]), fmt_ms(res["p99"]),
               res["errors"], c["nginx"] / n * 1e6, c["upstream"] / n * 1e6,
               "%.1f" % (store / n * 1e6) if store is not None else "-",
               c["wrk"] / n * 1e6, res["cpu_irq"] / n * 1e6,
               sum(c.values()) / res["wall"],
-              100 * res["cpu_other"] / (res["wall"] * ncpu)))
+              100 * res["cpu_other"] / (res["wall"] * ncpu),
+              " / ".join(map(str, sorted(res.get("split") or [])))
+              or "-"))
     w("")
     w("CPU columns: user+system time of each process over the run, per "
       "request (front nginx: its workers; store: redis-server or "
@@ -1355,7 +1387,11 @@ def report(b, opts):
       "`busy`: cores the bench's processes kept busy (2 = saturated). "
       "`others' load`: CPU time used meanwhile by processes not "
       "started by the bench, as a share of all cores; above a few per cent "
-      "the row is disturbed.")
+      "the row is disturbed. `connections per front worker`: wrk's "
+      "connections as the kernel spread them over the front's workers "
+      "(reuseport), counted in the middle of the run; they stay there for "
+      "the whole run, so an uneven split leaves one worker short of work "
+      "and moves req/s by several per cent between rounds.")
     w("")
     w("## Ratios (same run)")
     w("")

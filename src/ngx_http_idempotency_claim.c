@@ -347,7 +347,7 @@ ngx_http_idempotency_claim_cached(ngx_http_request_t *r,
 /*
  * A record's verdict for this request: the reply's fields point into
  * "p", which must live as long as the request.  "checked": the record
- * was validated before (the node's cache), only parsed here.
+ * was parsed and validated before (the node's cache), only read here.
  */
 
 static ngx_int_t
@@ -355,9 +355,13 @@ ngx_http_idempotency_claim_judge_record(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, u_char *p, size_t len,
     ngx_http_idempotency_record_t *rec, ngx_uint_t checked)
 {
+    int          rc;
     const char  *reason;
 
-    if (ngx_http_idempotency_record_parse(p, len, rec) != 0) {
+    rc = checked ? ngx_http_idempotency_record_parse_known(p, len, rec)
+                 : ngx_http_idempotency_record_parse(p, len, rec);
+
+    if (rc != 0) {
         ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
                       "idempotency: the record key_hash=%s is corrupt or "
                       "not of this module (%uz bytes), not used",

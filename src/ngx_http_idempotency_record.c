@@ -54,6 +54,8 @@ static const ngx_http_idempotency_record_word_t
 };
 
 
+static int ngx_http_idempotency_record_read(const unsigned char *p,
+    size_t len, ngx_http_idempotency_record_t *rec, int check);
 static size_t ngx_http_idempotency_record_field(const unsigned char *p,
     const unsigned char *end, size_t max, int hex);
 static int ngx_http_idempotency_record_tchar(unsigned char c);
@@ -115,6 +117,22 @@ int
 ngx_http_idempotency_record_parse(const unsigned char *p, size_t len,
     ngx_http_idempotency_record_t *rec)
 {
+    return ngx_http_idempotency_record_read(p, len, rec, 1);
+}
+
+
+int
+ngx_http_idempotency_record_parse_known(const unsigned char *p, size_t len,
+    ngx_http_idempotency_record_t *rec)
+{
+    return ngx_http_idempotency_record_read(p, len, rec, 0);
+}
+
+
+static int
+ngx_http_idempotency_record_read(const unsigned char *p, size_t len,
+    ngx_http_idempotency_record_t *rec, int check)
+{
     int                   i, n;
     size_t                k;
     const unsigned char  *end, *q;
@@ -150,7 +168,8 @@ ngx_http_idempotency_record_parse(const unsigned char *p, size_t len,
     /* fingerprint, owner, created: each ends with a space */
 
     k = ngx_http_idempotency_record_field(p, end,
-                                NGX_HTTP_IDEMPOTENCY_RECORD_TOKEN_MAX, 1);
+                                NGX_HTTP_IDEMPOTENCY_RECORD_TOKEN_MAX,
+                                check ? 1 : -1);
     if (k == 0) {
         return -1;
     }
@@ -160,7 +179,8 @@ ngx_http_idempotency_record_parse(const unsigned char *p, size_t len,
     p += k + 1;
 
     k = ngx_http_idempotency_record_field(p, end,
-                                NGX_HTTP_IDEMPOTENCY_RECORD_TOKEN_MAX, 1);
+                                NGX_HTTP_IDEMPOTENCY_RECORD_TOKEN_MAX,
+                                check ? 1 : -1);
     if (k == 0) {
         return -1;
     }
@@ -169,7 +189,7 @@ ngx_http_idempotency_record_parse(const unsigned char *p, size_t len,
     rec->owner_len = k;
     p += k + 1;
 
-    k = ngx_http_idempotency_record_field(p, end, 20, 0);
+    k = ngx_http_idempotency_record_field(p, end, 20, check ? 0 : -1);
     if (k == 0) {
         return -1;
     }
@@ -228,19 +248,29 @@ ngx_http_idempotency_record_parse(const unsigned char *p, size_t len,
 }
 
 
-/* the length of a field that ends with a space before end, or 0 */
+/*
+ * The length of a field that ends with a space before end, or 0; its
+ * bytes are digits (hex: and a-f), or anything but a space (hex -1: a
+ * known record's)
+ */
 
 static size_t
 ngx_http_idempotency_record_field(const unsigned char *p,
     const unsigned char *end, size_t max, int hex)
 {
-    size_t         k, n;
-    unsigned char  c;
+    size_t                k, n;
+    unsigned char         c;
+    const unsigned char  *q;
 
     n = (size_t) (end - p);
 
     if (n > max + 1) {
         n = max + 1;
+    }
+
+    if (hex == -1) {
+        q = memchr(p, ' ', n);
+        return q ? (size_t) (q - p) : 0;
     }
 
     for (k = 0; k < n; k++) {

@@ -95,6 +95,14 @@ unsigned char *ngx_http_idempotency_record_write_head(unsigned char *p,
 int ngx_http_idempotency_record_parse(const unsigned char *p, size_t len,
     ngx_http_idempotency_record_t *rec);
 
+/*
+ * The same for a record parsed and validated before (a copy of one the
+ * node's cache took in): the fields are found, their digits not checked
+ * again.  Never read past len either.
+ */
+int ngx_http_idempotency_record_parse_known(const unsigned char *p,
+    size_t len, ngx_http_idempotency_record_t *rec);
+
 size_t ngx_http_idempotency_record_header_size(size_t name_len,
     size_t value_len);
 unsigned char *ngx_http_idempotency_record_write_header(unsigned char *p,

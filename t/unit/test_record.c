@@ -108,19 +108,41 @@ test_status(void **state)
 #define OWNER  "00112233445566778899aabbccddeeff00000001"
 
 
-/* a heap block of the exact size, so that ASan sees any over-read */
+/*
+ * A heap block of the exact size, so that ASan sees any over-read; the
+ * reader of known records (the node's cache) reads the same block, never
+ * past it either, and finds the same fields in every record parse takes
+ */
 
 static int
 parse_exact(const char *text, size_t len, ngx_http_idempotency_record_t *rec)
 {
-    int             rc;
-    unsigned char  *p;
+    int                            rc, known;
+    unsigned char                 *p;
+    ngx_http_idempotency_record_t  k;
 
     p = malloc(len ? len : 1);
     assert_non_null(p);
     memcpy(p, text, len);
 
+    known = ngx_http_idempotency_record_parse_known(p, len, &k);
     rc = ngx_http_idempotency_record_parse(p, len, rec);
+
+    if (rc == 0) {
+        assert_int_equal(known, 0);
+        assert_int_equal(k.state, rec->state);
+        assert_int_equal(k.status, rec->status);
+        assert_ptr_equal(k.fp, rec->fp);
+        assert_int_equal(k.fp_len, rec->fp_len);
+        assert_ptr_equal(k.owner, rec->owner);
+        assert_int_equal(k.owner_len, rec->owner_len);
+        assert_ptr_equal(k.created, rec->created);
+        assert_int_equal(k.created_len, rec->created_len);
+        assert_ptr_equal(k.headers, rec->headers);
+        assert_int_equal(k.headers_len, rec->headers_len);
+        assert_ptr_equal(k.body, rec->body);
+        assert_int_equal(k.body_len, rec->body_len);
+    }
 
     if (rc == 0) {
         /* what it points to lies inside the block */
