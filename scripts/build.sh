@@ -117,9 +117,14 @@ module() {
         tail -n 40 "$BUILD/make.log" >&2
         die "the module did not build, see build/make.log (V=1 shows it all)"
     fi
-    # copy only on change, so that make sees an unchanged .so as up to date
-    cmp -s "$objs/$name.so" "$BUILD/$name.so" \
-        || cp "$objs/$name.so" "$BUILD/$name.so"
+    # copy only on change, so that make sees an unchanged .so as up to date;
+    # a new file renamed over the old one: an nginx running with the old
+    # one (make run) keeps it mapped, where a copy written into it in place
+    # would crash its workers as they start
+    if ! cmp -s "$objs/$name.so" "$BUILD/$name.so"; then
+        cp "$objs/$name.so" "$BUILD/$name.so.new"
+        mv -f "$BUILD/$name.so.new" "$BUILD/$name.so"
+    fi
 }
 
 # The .so loads into the nginx binary we run (same version and signature).
