@@ -126,6 +126,7 @@ static void ngx_http_idempotency_cache_expire(
     ngx_uint_t force);
 static void ngx_http_idempotency_cache_ttl_handler(void *data,
     redisReply *reply, ngx_uint_t rc);
+static ngx_uint_t ngx_http_idempotency_cache_takes(u_char *p, size_t len);
 static ngx_rbtree_key_t ngx_http_idempotency_cache_hash(ngx_str_t *rkey);
 static uint32_t ngx_http_idempotency_cache_rid(
     ngx_http_idempotency_redis_conf_t *rcf);
@@ -746,11 +747,9 @@ ngx_http_idempotency_cache_ttl_handler(void *data, redisReply *reply,
     ngx_http_idempotency_cache_fetch_t *f = data;
 
     ngx_str_t                           key, record, none;
-    const char                         *reason;
     ngx_rbtree_key_t                    hash;
     redisReply                         *v, *ttl;
     ngx_http_idempotency_cache_t       *cache;
-    ngx_http_idempotency_record_t       rec;
     ngx_http_idempotency_cache_sh_t    *sh;
     ngx_http_idempotency_cache_node_t  *cn, *tomb;
 
@@ -766,20 +765,8 @@ ngx_http_idempotency_cache_ttl_handler(void *data, redisReply *reply,
     ttl = reply->element[1];
 
     if (v->type != REDIS_REPLY_STRING || ttl->type != REDIS_REPLY_INTEGER
-        || ttl->integer <= 0 || (size_t) v->len > cache->max_size)
-    {
-        goto done;
-    }
-
-    /*
-     * completed records only (a split one's body is not in it), checked
-     * once here: a hit is not checked again
-     */
-
-    if (ngx_http_idempotency_record_parse((u_char *) v->str, v->len, &rec)
-        != 0
-        || rec.state != NGX_HTTP_IDEMPOTENCY_RECORD_DONE
-        || ngx_http_idempotency_record_validate(&rec, &reason) != 0)
+        || ttl->integer <= 0 || (size_t) v->len > cache->max_size
+        || !ngx_http_idempotency_cache_takes((u_char *) v->str, v->len))
     {
         goto done;
     }
@@ -839,22 +826,16 @@ ngx_http_idempotency_cache_pending(ngx_shm_zone_t *zone,
     ngx_str_t *fence, ngx_str_t *record, ngx_msec_t ttl)
 {
     uint32_t                            rid;
-    const char                         *reason;
     ngx_rbtree_key_t                    hash;
-    ngx_http_idempotency_record_t       rec;
     ngx_http_idempotency_cache_t       *cache;
     ngx_http_idempotency_cache_sh_t    *sh;
     ngx_http_idempotency_cache_node_t  *cn;
 
     cache = zone->data;
 
-    /* checked as one read from Redis would be: a hit is not checked again */
-
     if (record->len > cache->max_size || fence->len > 0xffff
         || rkey->len > 0xffff
-        || ngx_http_idempotency_record_parse(record->data, record->len, &rec)
-           != 0
-        || ngx_http_idempotency_record_validate(&rec, &reason) != 0)
+        || !ngx_http_idempotency_cache_takes(record->data, record->len))
     {
         return;
     }
@@ -1137,6 +1118,24 @@ ngx_http_idempotency_cache_totals(ngx_uint_t *entries, size_t *bytes)
 
         ngx_http_idempotency_cache_unlock(cache, sh);
     }
+}
+
+
+/*
+ * Whether a record may enter: complete (a split one's body is not in it)
+ * and valid as one read from Redis must be.  Checked once, here: a hit
+ * only reads it again (ngx_http_idempotency_record_parse_known()).
+ */
+
+static ngx_uint_t
+ngx_http_idempotency_cache_takes(u_char *p, size_t len)
+{
+    const char                     *reason;
+    ngx_http_idempotency_record_t   rec;
+
+    return ngx_http_idempotency_record_parse(p, len, &rec) == 0
+           && rec.state == NGX_HTTP_IDEMPOTENCY_RECORD_DONE
+           && ngx_http_idempotency_record_validate(&rec, &reason) == 0;
 }
 
 

@@ -84,6 +84,7 @@ ngx_http_idempotency_claim_send(ngx_http_request_t *r,
      */
 
     if (ctx->owner[0] == '\0') {
+        /* once, for the first claim: a waiter claims again with it */
         ngx_http_idempotency_owner(ctx);
     }
 

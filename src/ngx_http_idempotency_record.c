@@ -57,7 +57,7 @@ static const ngx_http_idempotency_record_word_t
 static int ngx_http_idempotency_record_read(const unsigned char *p,
     size_t len, ngx_http_idempotency_record_t *rec, int check);
 static size_t ngx_http_idempotency_record_field(const unsigned char *p,
-    const unsigned char *end, size_t max, int hex);
+    const unsigned char *end, size_t max, int hex, int check);
 static int ngx_http_idempotency_record_tchar(unsigned char c);
 
 
@@ -168,8 +168,8 @@ ngx_http_idempotency_record_read(const unsigned char *p, size_t len,
     /* fingerprint, owner, created: each ends with a space */
 
     k = ngx_http_idempotency_record_field(p, end,
-                                NGX_HTTP_IDEMPOTENCY_RECORD_TOKEN_MAX,
-                                check ? 1 : -1);
+                                NGX_HTTP_IDEMPOTENCY_RECORD_TOKEN_MAX, 1,
+                                check);
     if (k == 0) {
         return -1;
     }
@@ -179,8 +179,8 @@ ngx_http_idempotency_record_read(const unsigned char *p, size_t len,
     p += k + 1;
 
     k = ngx_http_idempotency_record_field(p, end,
-                                NGX_HTTP_IDEMPOTENCY_RECORD_TOKEN_MAX,
-                                check ? 1 : -1);
+                                NGX_HTTP_IDEMPOTENCY_RECORD_TOKEN_MAX, 1,
+                                check);
     if (k == 0) {
         return -1;
     }
@@ -189,7 +189,7 @@ ngx_http_idempotency_record_read(const unsigned char *p, size_t len,
     rec->owner_len = k;
     p += k + 1;
 
-    k = ngx_http_idempotency_record_field(p, end, 20, check ? 0 : -1);
+    k = ngx_http_idempotency_record_field(p, end, 20, 0, check);
     if (k == 0) {
         return -1;
     }
@@ -250,13 +250,12 @@ ngx_http_idempotency_record_read(const unsigned char *p, size_t len,
 
 /*
  * The length of a field that ends with a space before end, or 0; its
- * bytes are digits (hex: and a-f), or anything but a space (hex -1: a
- * known record's)
+ * bytes are digits (hex: and a-f), checked unless a known record's
  */
 
 static size_t
 ngx_http_idempotency_record_field(const unsigned char *p,
-    const unsigned char *end, size_t max, int hex)
+    const unsigned char *end, size_t max, int hex, int check)
 {
     size_t                k, n;
     unsigned char         c;
@@ -268,7 +267,7 @@ ngx_http_idempotency_record_field(const unsigned char *p,
         n = max + 1;
     }
 
-    if (hex == -1) {
+    if (!check) {
         q = memchr(p, ' ', n);
         return q ? (size_t) (q - p) : 0;
     }
