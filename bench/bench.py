@@ -405,6 +405,11 @@ def conn_split(port, pids):
     return [counts[pid] for pid in pids]
 
 
+def fmt_split(split):
+    """conn_split()'s counts as "12/20", or "" when not counted."""
+    return "/".join(map(str, sorted(split or [])))
+
+
 # --------------------------------------------------------------------------
 # bodies and configurations
 
@@ -962,8 +967,8 @@ class Bench:
         self.results[tag] = sorted(runs, key=lambda x: x["rps"])[
             (len(runs) - 1) // 2]
         self.results[tag]["all_rps"] = [round(x["rps"]) for x in runs]
-        self.results[tag]["all_split"] = [
-            "/".join(map(str, sorted(x.get("split") or []))) for x in runs]
+        self.results[tag]["all_split"] = [fmt_split(x.get("split"))
+                                          for x in runs]
         cpu = res["cpu"]
         n = res["requests"] or 1
         log("  %-22s %9.0f req/s  p50 %6.2f ms  p99 %6.2f ms  errors %d  "
@@ -1377,8 +1382,7 @@ def report(b, opts):
               c["wrk"] / n * 1e6, res["cpu_irq"] / n * 1e6,
               sum(c.values()) / res["wall"],
               100 * res["cpu_other"] / (res["wall"] * ncpu),
-              " / ".join(map(str, sorted(res.get("split") or [])))
-              or "-"))
+              fmt_split(res.get("split")) or "-"))
     w("")
     w("CPU columns: user+system time of each process over the run, per "
       "request (front nginx: its workers; store: redis-server or "
@@ -1390,8 +1394,8 @@ def report(b, opts):
       "the row is disturbed. `connections per front worker`: wrk's "
       "connections as the kernel spread them over the front's workers "
       "(reuseport), counted in the middle of the run; they stay there for "
-      "the whole run, so an uneven split leaves one worker short of work "
-      "and moves req/s by several per cent between rounds.")
+      "the whole run, so a round's req/s can be read beside its split "
+      "(an uneven one may leave a worker short of work).")
     w("")
     w("## Ratios (same run)")
     w("")
