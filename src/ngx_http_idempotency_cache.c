@@ -3,11 +3,12 @@
  * in front of Redis.  HTTP side; reads a record's remaining TTL through
  * the records layer.  Its purge listener is ngx_http_idempotency_cache_sub.c.
  *
- * An entry is one slab block: the node of a red-black tree keyed by a
- * hash of the Redis identity and the record key (the full key compared
- * behind it), its place in the LRU queue, its expiry (ngx_current_msec,
- * CLOCK_MONOTONIC, the same in every worker and across reloads), then the
- * key, the fence of a pending store and the record.  Every access holds
+ * An entry is two slab blocks: a node (ngx_http_idempotency_cache_zone.h)
+ * of a red-black tree keyed by a hash of the Redis identity and the record
+ * key (the full key compared behind it), with its place in the LRU queue
+ * and its expiry (ngx_current_msec, CLOCK_MONOTONIC, the same in every
+ * worker and across reloads); and the key, the fence of a pending store
+ * and the record, in a block of their own.  Every access holds
  * the slab pool's own mutex, which nginx frees when a worker dies holding
  * it; "dirty" is set while the tree is being changed, so that the next
  * locker after such a death starts the zone afresh rather than walk a
@@ -20,69 +21,13 @@
 
 #include "ngx_http_idempotency_module.h"
 #include "ngx_http_idempotency_cache.h"
+#include "ngx_http_idempotency_cache_zone.h"
 #include "ngx_http_idempotency_record.h"
 #include "ngx_http_idempotency_stats.h"
 
 
-/* an entry that is not a record: not served, removed when it expires */
-#define NGX_HTTP_IDEMPOTENCY_CACHE_READY    0
-#define NGX_HTTP_IDEMPOTENCY_CACHE_PENDING  1   /* store not acknowledged */
-#define NGX_HTTP_IDEMPOTENCY_CACHE_TOMB     2   /* purged just now */
-
-/* how long a purge keeps records read before it out */
-#define NGX_HTTP_IDEMPOTENCY_CACHE_TOMB_MS  2000
-
-/* workers that listen for purges at once: worker 0 of old and new cycles */
-#define NGX_HTTP_IDEMPOTENCY_CACHE_LISTENERS  8
-
 /* entries evicted at most to make room for one */
 #define NGX_HTTP_IDEMPOTENCY_CACHE_EVICT_MAX  64
-
-/*
- * idempotency_cache_zone directives an http{} may have: a worker walks
- * them all (a purge, a store's commit, a subscription's epoch), and a zone
- * past this many would be left out of those walks
- */
-#define NGX_HTTP_IDEMPOTENCY_CACHE_ZONES  16
-
-
-typedef struct {
-    ngx_rbtree_node_t                    node;
-    ngx_queue_t                          queue;
-    ngx_msec_t                           expire;
-    uint64_t                             epoch;
-    size_t                               len;       /* of the record */
-    uint32_t                             rid;       /* the Redis */
-    uint16_t                             key_len;
-    uint16_t                             fence_len;
-    u_char                               state;
-    u_char                               data[1];   /* key, fence, record */
-} ngx_http_idempotency_cache_node_t;
-
-
-typedef struct {
-    ngx_rbtree_t                         rbtree;
-    ngx_rbtree_node_t                    sentinel;
-    ngx_queue_t                          lru;
-    ngx_uint_t                           dirty;
-    uint64_t                             epoch;
-    ngx_uint_t                           entries;
-    size_t                               bytes;
-
-    /* the last reload that kept the zone (ngx_current_msec), or 0 */
-    ngx_msec_t                           reloaded;
-
-    /* the workers listening for purges now, and whether any ever did */
-    ngx_pid_t                 listeners[NGX_HTTP_IDEMPOTENCY_CACHE_LISTENERS];
-    ngx_uint_t                           listened;
-} ngx_http_idempotency_cache_sh_t;
-
-
-typedef struct {
-    ngx_slab_pool_t                     *shpool;
-    size_t                               max_size;
-    ngx_str_t                            name;
-} ngx_http_idempotency_cache_t;
 
 
 /* a record's TTL being read from Redis: where it goes then */
@@ -101,10 +46,6 @@ static ngx_int_t ngx_http_idempotency_cache_init_sh(ngx_slab_pool_t *shpool);
 static void ngx_http_idempotency_cache_rbtree_insert(
     ngx_rbtree_node_t *temp, ngx_rbtree_node_t *node,
     ngx_rbtree_node_t *sentinel);
-static ngx_http_idempotency_cache_sh_t *ngx_http_idempotency_cache_lock(
-    ngx_http_idempotency_cache_t *cache);
-static void ngx_http_idempotency_cache_unlock(
-    ngx_http_idempotency_cache_t *cache, ngx_http_idempotency_cache_sh_t *sh);
 static ngx_http_idempotency_cache_node_t *ngx_http_idempotency_cache_find(
     ngx_http_idempotency_cache_sh_t *sh, ngx_rbtree_key_t hash, uint32_t rid,
     ngx_str_t *rkey);
@@ -118,6 +59,9 @@ static ngx_http_idempotency_cache_node_t *ngx_http_idempotency_cache_add(
     ngx_http_idempotency_cache_t *cache, ngx_http_idempotency_cache_sh_t *sh,
     ngx_rbtree_key_t hash, uint32_t rid, ngx_str_t *rkey, ngx_str_t *fence,
     ngx_str_t *record, ngx_uint_t state, ngx_msec_t expire);
+static void *ngx_http_idempotency_cache_alloc(
+    ngx_http_idempotency_cache_t *cache, ngx_http_idempotency_cache_sh_t *sh,
+    size_t size);
 static void ngx_http_idempotency_cache_delete(
     ngx_http_idempotency_cache_t *cache, ngx_http_idempotency_cache_sh_t *sh,
     ngx_http_idempotency_cache_node_t *cn);
@@ -130,8 +74,6 @@ static ngx_uint_t ngx_http_idempotency_cache_takes(u_char *p, size_t len);
 static ngx_rbtree_key_t ngx_http_idempotency_cache_hash(ngx_str_t *rkey);
 static uint32_t ngx_http_idempotency_cache_rid(
     ngx_http_idempotency_redis_conf_t *rcf);
-static ngx_uint_t ngx_http_idempotency_cache_zones(ngx_shm_zone_t **out,
-    ngx_uint_t n);
 
 
 /* the zones' tag: the address of this, in the module loaded now */
@@ -392,7 +334,7 @@ ngx_http_idempotency_cache_rbtree_insert(ngx_rbtree_node_t *temp,
  * guards may then be half changed ("dirty"): the zone starts afresh.
  */
 
-static ngx_http_idempotency_cache_sh_t *
+ngx_http_idempotency_cache_sh_t *
 ngx_http_idempotency_cache_lock(ngx_http_idempotency_cache_t *cache)
 {
     ngx_http_idempotency_cache_sh_t  *sh;
@@ -425,7 +367,7 @@ ngx_http_idempotency_cache_lock(ngx_http_idempotency_cache_t *cache)
 }
 
 
-static void
+void
 ngx_http_idempotency_cache_unlock(ngx_http_idempotency_cache_t *cache,
     ngx_http_idempotency_cache_sh_t *sh)
 {
@@ -477,8 +419,10 @@ ngx_http_idempotency_cache_get(ngx_shm_zone_t *zone,
             out->data = p;
             out->len = cn->len;
 
-            ngx_queue_remove(&cn->queue);
-            ngx_queue_insert_head(&sh->lru, &cn->queue);
+            if (ngx_queue_head(&sh->lru) != &cn->queue) {
+                ngx_queue_remove(&cn->queue);
+                ngx_queue_insert_head(&sh->lru, &cn->queue);
+            }
         }
     }
 
@@ -593,30 +537,27 @@ ngx_http_idempotency_cache_add(ngx_http_idempotency_cache_t *cache,
 {
     u_char                             *p;
     size_t                              size;
-    ngx_uint_t                          i;
     ngx_http_idempotency_cache_node_t  *cn;
 
-    size = offsetof(ngx_http_idempotency_cache_node_t, data)
-           + rkey->len + fence->len + record->len;
+    size = rkey->len + fence->len + record->len;
 
     ngx_http_idempotency_cache_expire(cache, sh, 0);
 
-    cn = ngx_slab_alloc_locked(cache->shpool, size);
+    p = ngx_http_idempotency_cache_alloc(cache, sh, size);
 
-    for (i = 0; cn == NULL && i < NGX_HTTP_IDEMPOTENCY_CACHE_EVICT_MAX; i++) {
-
-        if (ngx_queue_empty(&sh->lru)) {
-            break;
-        }
-
-        ngx_http_idempotency_cache_expire(cache, sh, 1);
-        cn = ngx_slab_alloc_locked(cache->shpool, size);
-    }
-
-    if (cn == NULL) {
+    if (p == NULL) {
         return NULL;
     }
 
+    cn = ngx_http_idempotency_cache_alloc(cache, sh,
+                                   sizeof(ngx_http_idempotency_cache_node_t));
+
+    if (cn == NULL) {
+        ngx_slab_free_locked(cache->shpool, p);
+        return NULL;
+    }
+
+    cn->data = p;
     cn->node.key = hash;
     cn->expire = expire;
     cn->epoch = sh->epoch;
@@ -642,7 +583,7 @@ ngx_http_idempotency_cache_add(ngx_http_idempotency_cache_t *cache,
     ngx_queue_insert_head(&sh->lru, &cn->queue);
 
     sh->entries++;
-    sh->bytes += size;
+    sh->bytes += sizeof(ngx_http_idempotency_cache_node_t) + size;
 
     return cn;
 }
@@ -657,10 +598,36 @@ ngx_http_idempotency_cache_delete(ngx_http_idempotency_cache_t *cache,
     ngx_rbtree_delete(&sh->rbtree, &cn->node);
 
     sh->entries--;
-    sh->bytes -= offsetof(ngx_http_idempotency_cache_node_t, data)
+    sh->bytes -= sizeof(ngx_http_idempotency_cache_node_t)
                  + cn->key_len + cn->fence_len + cn->len;
 
+    ngx_slab_free_locked(cache->shpool, cn->data);
     ngx_slab_free_locked(cache->shpool, cn);
+}
+
+
+/* an allocation in the zone, evicting from the LRU tail until it fits */
+
+static void *
+ngx_http_idempotency_cache_alloc(ngx_http_idempotency_cache_t *cache,
+    ngx_http_idempotency_cache_sh_t *sh, size_t size)
+{
+    void        *p;
+    ngx_uint_t   i;
+
+    p = ngx_slab_alloc_locked(cache->shpool, size);
+
+    for (i = 0; p == NULL && i < NGX_HTTP_IDEMPOTENCY_CACHE_EVICT_MAX; i++) {
+
+        if (ngx_queue_empty(&sh->lru)) {
+            break;
+        }
+
+        ngx_http_idempotency_cache_expire(cache, sh, 1);
+        p = ngx_slab_alloc_locked(cache->shpool, size);
+    }
+
+    return p;
 }
 
 
@@ -967,121 +934,6 @@ ngx_http_idempotency_cache_purge(ngx_http_idempotency_redis_conf_t *rcf,
 }
 
 
-/*
- * This worker's subscription to purges is up ("on") or lost.  Purges may
- * have been missed since the last time some worker listened: when none
- * listens now but one did before, every entry of the zone is older than
- * the new epoch, a miss.  A reload's new worker subscribes while the old
- * one still listens: the entries stay.  A worker that died is no
- * listener (its pid is gone).
- */
-
-void
-ngx_http_idempotency_cache_listening(ngx_uint_t on)
-{
-    ngx_uint_t                        i, n, k, live;
-    ngx_shm_zone_t                   *zones[NGX_HTTP_IDEMPOTENCY_CACHE_ZONES];
-    ngx_http_idempotency_cache_t     *cache;
-    ngx_http_idempotency_cache_sh_t  *sh;
-
-    n = ngx_http_idempotency_cache_zones(zones,
-                                      NGX_HTTP_IDEMPOTENCY_CACHE_ZONES);
-
-    for (i = 0; i < n; i++) {
-        cache = zones[i]->data;
-
-        sh = ngx_http_idempotency_cache_lock(cache);
-        if (sh == NULL) {
-            continue;
-        }
-
-        live = 0;
-
-        for (k = 0; k < NGX_HTTP_IDEMPOTENCY_CACHE_LISTENERS; k++) {
-
-            if (sh->listeners[k] == ngx_pid
-                || (sh->listeners[k]
-                    && kill(sh->listeners[k], 0) == -1 && errno == ESRCH))
-            {
-                sh->listeners[k] = 0;
-            }
-
-            if (sh->listeners[k]) {
-                live = 1;
-            }
-        }
-
-        if (on) {
-            if (!live && sh->listened) {
-                sh->epoch++;
-            }
-
-            sh->listened = 1;
-
-            for (k = 0; k < NGX_HTTP_IDEMPOTENCY_CACHE_LISTENERS; k++) {
-                if (sh->listeners[k] == 0) {
-                    sh->listeners[k] = ngx_pid;
-                    break;
-                }
-            }
-        }
-
-        ngx_http_idempotency_cache_unlock(cache, sh);
-    }
-}
-
-
-/*
- * Whether this worker may stop listening: another live process listens
- * now, or no reload is under way (a plain stop: no one comes after).
- */
-
-ngx_uint_t
-ngx_http_idempotency_cache_others_listen(void)
-{
-    ngx_pid_t                         pid;
-    ngx_uint_t                        i, n, k, found;
-    ngx_shm_zone_t                   *zones[NGX_HTTP_IDEMPOTENCY_CACHE_ZONES];
-    ngx_http_idempotency_cache_t     *cache;
-    ngx_http_idempotency_cache_sh_t  *sh;
-
-    found = 0;
-    n = ngx_http_idempotency_cache_zones(zones,
-                                      NGX_HTTP_IDEMPOTENCY_CACHE_ZONES);
-
-    for (i = 0; i < n && !found; i++) {
-        cache = zones[i]->data;
-
-        sh = ngx_http_idempotency_cache_lock(cache);
-        if (sh == NULL) {
-            continue;
-        }
-
-        if (sh->reloaded == 0
-            || ngx_current_msec - sh->reloaded
-               > 2 * NGX_HTTP_IDEMPOTENCY_CACHE_HANDOVER)
-        {
-            found = 1;
-        }
-
-        for (k = 0; !found && k < NGX_HTTP_IDEMPOTENCY_CACHE_LISTENERS; k++) {
-            pid = sh->listeners[k];
-
-            if (pid && pid != ngx_pid
-                && !(kill(pid, 0) == -1 && errno == ESRCH))
-            {
-                found = 1;
-                break;
-            }
-        }
-
-        ngx_http_idempotency_cache_unlock(cache, sh);
-    }
-
-    return found;
-}
-
-
 ngx_uint_t
 ngx_http_idempotency_cache_used(void)
 {
@@ -1170,7 +1022,7 @@ ngx_http_idempotency_cache_rid(ngx_http_idempotency_redis_conf_t *rcf)
 
 /* this node's cache zones, found through the cycle as the stats zone is */
 
-static ngx_uint_t
+ngx_uint_t
 ngx_http_idempotency_cache_zones(ngx_shm_zone_t **out, ngx_uint_t n)
 {
     ngx_uint_t        i, k;

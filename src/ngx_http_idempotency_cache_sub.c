@@ -2,7 +2,9 @@
  * The replay cache's purge listener: worker 0 subscribes to
  * "<prefix>purge" of each idempotency_redis (redis_sub.c) and removes the
  * entries other nodes purge; at a reload the old worker 0 hands over to
- * the new one.  HTTP side, beside ngx_http_idempotency_cache.c.
+ * the new one; the zone keeps who listens, so that purges missed while
+ * no one did make every entry older than the zone's epoch.  HTTP side,
+ * beside ngx_http_idempotency_cache.c.
  */
 
 #include <ngx_config.h>
@@ -10,6 +12,7 @@
 #include <ngx_http.h>
 
 #include "ngx_http_idempotency_cache.h"
+#include "ngx_http_idempotency_cache_zone.h"
 #include "ngx_http_idempotency_redis_sub.h"
 
 
@@ -164,4 +167,119 @@ ngx_http_idempotency_cache_exit_process(ngx_cycle_t *cycle)
 
     ngx_http_idempotency_cache_nsubs = 0;
     ngx_http_idempotency_cache_listening(0);
+}
+
+
+/*
+ * This worker's subscription to purges is up ("on") or lost.  Purges may
+ * have been missed since the last time some worker listened: when none
+ * listens now but one did before, every entry of the zone is older than
+ * the new epoch, a miss.  A reload's new worker subscribes while the old
+ * one still listens: the entries stay.  A worker that died is no
+ * listener (its pid is gone).
+ */
+
+void
+ngx_http_idempotency_cache_listening(ngx_uint_t on)
+{
+    ngx_uint_t                        i, n, k, live;
+    ngx_shm_zone_t                   *zones[NGX_HTTP_IDEMPOTENCY_CACHE_ZONES];
+    ngx_http_idempotency_cache_t     *cache;
+    ngx_http_idempotency_cache_sh_t  *sh;
+
+    n = ngx_http_idempotency_cache_zones(zones,
+                                      NGX_HTTP_IDEMPOTENCY_CACHE_ZONES);
+
+    for (i = 0; i < n; i++) {
+        cache = zones[i]->data;
+
+        sh = ngx_http_idempotency_cache_lock(cache);
+        if (sh == NULL) {
+            continue;
+        }
+
+        live = 0;
+
+        for (k = 0; k < NGX_HTTP_IDEMPOTENCY_CACHE_LISTENERS; k++) {
+
+            if (sh->listeners[k] == ngx_pid
+                || (sh->listeners[k]
+                    && kill(sh->listeners[k], 0) == -1 && errno == ESRCH))
+            {
+                sh->listeners[k] = 0;
+            }
+
+            if (sh->listeners[k]) {
+                live = 1;
+            }
+        }
+
+        if (on) {
+            if (!live && sh->listened) {
+                sh->epoch++;
+            }
+
+            sh->listened = 1;
+
+            for (k = 0; k < NGX_HTTP_IDEMPOTENCY_CACHE_LISTENERS; k++) {
+                if (sh->listeners[k] == 0) {
+                    sh->listeners[k] = ngx_pid;
+                    break;
+                }
+            }
+        }
+
+        ngx_http_idempotency_cache_unlock(cache, sh);
+    }
+}
+
+
+/*
+ * Whether this worker may stop listening: another live process listens
+ * now, or no reload is under way (a plain stop: no one comes after).
+ */
+
+ngx_uint_t
+ngx_http_idempotency_cache_others_listen(void)
+{
+    ngx_pid_t                         pid;
+    ngx_uint_t                        i, n, k, found;
+    ngx_shm_zone_t                   *zones[NGX_HTTP_IDEMPOTENCY_CACHE_ZONES];
+    ngx_http_idempotency_cache_t     *cache;
+    ngx_http_idempotency_cache_sh_t  *sh;
+
+    found = 0;
+    n = ngx_http_idempotency_cache_zones(zones,
+                                      NGX_HTTP_IDEMPOTENCY_CACHE_ZONES);
+
+    for (i = 0; i < n && !found; i++) {
+        cache = zones[i]->data;
+
+        sh = ngx_http_idempotency_cache_lock(cache);
+        if (sh == NULL) {
+            continue;
+        }
+
+        if (sh->reloaded == 0
+            || ngx_current_msec - sh->reloaded
+               > 2 * NGX_HTTP_IDEMPOTENCY_CACHE_HANDOVER)
+        {
+            found = 1;
+        }
+
+        for (k = 0; !found && k < NGX_HTTP_IDEMPOTENCY_CACHE_LISTENERS; k++) {
+            pid = sh->listeners[k];
+
+            if (pid && pid != ngx_pid
+                && !(kill(pid, 0) == -1 && errno == ESRCH))
+            {
+                found = 1;
+                break;
+            }
+        }
+
+        ngx_http_idempotency_cache_unlock(cache, sh);
+    }
+
+    return found;
 }
