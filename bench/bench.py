@@ -43,6 +43,7 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -1085,6 +1086,8 @@ class Bench:
                 log("round %d of %d" % (self.rep + 1, o.repeat))
             for subject in subjects:
                 self.run_subject(subject)
+        if o.paired and not o.check:
+            self.paired()
 
     def run_subject(self, subject):
         o = self.o
@@ -1138,6 +1141,71 @@ class Bench:
                                                 errs[-1]))
         finally:
             self.stop(ng)
+
+    # --- --paired: each target ratio from alternating slices
+    def paired(self):
+        """For each target whose two scenarios are both chosen and are
+        answered from memory or Redis ("cycle"), both fronts up at once and
+        N pairs of slices of --duration, one of each, in alternating order:
+        the machine's drift between rounds (req/s moved by up to a third
+        here) falls on both sides of each pair alike."""
+        o = self.o
+        pairs = [(label, a, b, tmin) for label, a, b, tmin in TARGETS
+                 if tmin is not None and a in o.scenarios
+                 and b in o.scenarios and SCENARIOS[a][1] == "cycle"
+                 and SCENARIOS[b][1] == "cycle"]
+        if not pairs:
+            return
+        log("paired slices: %d pairs of %gs" % (o.paired, o.duration))
+        fronts = {}
+        out = {}
+        try:
+            for _, a, b, _ in pairs:
+                for name in (a, b):
+                    subject = SCENARIOS[name][0]
+                    if subject not in fronts:
+                        fronts[subject] = self.front(subject)
+            keys = {}
+            for _, a, b, _ in pairs:
+                for name in (a, b):
+                    if name in keys:
+                        continue
+                    ng, port = fronts[SCENARIOS[name][0]]
+                    path = PATHS.get(name, "/orders")
+                    runid = "paired-%s-%d" % (name, random.randrange(1 << 30))
+                    if SCENARIOS[name][0] in ("module", "lua", "srcache"):
+                        prestore(port, path, runid, o.keys,
+                                 RESPONSES["1k"].encode())
+                    if o.warmup > 0:
+                        run_wrk(o, port, "cycle", runid, o.warmup, path,
+                                o.keys)
+                    keys[name] = (ng, port, path, runid)
+            for label, a, b, tmin in pairs:
+                rows = []
+                for i in range(o.paired):
+                    wait_idle(o)
+                    got = {}
+                    for name in ((a, b) if i % 2 else (b, a)):
+                        ng, port, path, runid = keys[name]
+                        store = self.store_of(SCENARIOS[name][0])
+                        got[name] = run_wrk(o, port, "cycle", runid,
+                                            o.duration, path, o.keys, 0,
+                                            None, self.procs(ng, store))
+                    ra, rb = got[a], got[b]
+                    ca = sum(ra["cpu"].values()) / (ra["requests"] or 1)
+                    cb = sum(rb["cpu"].values()) / (rb["requests"] or 1)
+                    rows.append({"rps": [round(rb["rps"]), round(ra["rps"])],
+                                 "ratio": ra["rps"] / rb["rps"],
+                                 "cost_ratio": cb / ca})
+                    log("  %-22s pair %d: %.0f / %.0f req/s = %.2f "
+                        "(CPU-cost %.2f)" % (label, i + 1, ra["rps"],
+                                             rb["rps"], rows[-1]["ratio"],
+                                             rows[-1]["cost_ratio"]))
+                out[label] = {"target": tmin, "pairs": rows}
+        finally:
+            for ng, _ in fronts.values():
+                self.stop(ng)
+        self.extra["paired"] = out
 
     def requests_of(self, subject):
         # measured runs only; warm-ups and pre-stores add a little
@@ -1440,6 +1508,32 @@ def report(b, opts):
       "(the verdict stays with the req/s ratio, everything on one "
       "machine).")
     w("")
+    paired = b.extra.get("paired")
+    if paired:
+        w("## Ratios from paired slices (--paired %d)" % opts.paired)
+        w("")
+        w("| ratio | pairs: req/s ratio | median | target | | "
+          "CPU-cost ratio, median |")
+        w("|---|---|---:|---:|---|---:|")
+        for label, v in paired.items():
+            rs = sorted(p["ratio"] for p in v["pairs"])
+            cs = sorted(p["cost_ratio"] for p in v["pairs"])
+            med = statistics.median(rs)
+            ok = "met" if med >= v["target"] else "NOT met"
+            w("| %s | %s | %.2f | >= %.2f | %s | %.2f |" % (
+                label, " ".join("%.2f" % p["ratio"] for p in v["pairs"]),
+                med, v["target"], ok, statistics.median(cs)))
+            verdicts.append({"ratio": label + " (paired)",
+                             "value": round(med, 3),
+                             "cost_ratio": round(statistics.median(cs), 3),
+                             "target": v["target"], "verdict": ok})
+        w("")
+        w("Each pair: one slice of --duration of each scenario, both "
+          "fronts up at once, back to back, in alternating order; the "
+          "median of the pairs' ratios. Drift of the machine between "
+          "rounds, which the table above takes whole, falls on both sides "
+          "of a pair alike.")
+        w("")
     mods = [t for t in ("baseline@moderate", "miss@moderate",
                         "hit@moderate") if t in R]
     if mods:
@@ -1780,6 +1874,11 @@ def main():
                     help="worker_processes of the front nginx (2)")
     ap.add_argument("--keys", type=int, default=256,
                     help="pre-stored keys replayed by HIT scenarios (256)")
+    ap.add_argument("--paired", type=int, default=0, metavar="N",
+                    help="after the rounds, each target ratio again from N "
+                    "pairs of alternating slices (ceiling, then cached "
+                    "HIT, then the other way round ...) with both fronts "
+                    "up; reported as the median of the pairs (0: off)")
     ap.add_argument("--repeat", type=int, default=1,
                     help="rounds over the 1 KiB scenarios; each row is then "
                     "the run with the median req/s (1)")
