@@ -74,6 +74,8 @@ static ngx_uint_t ngx_http_idempotency_cache_takes(u_char *p, size_t len);
 static ngx_rbtree_key_t ngx_http_idempotency_cache_hash(ngx_str_t *rkey);
 static uint32_t ngx_http_idempotency_cache_rid(
     ngx_http_idempotency_redis_conf_t *rcf);
+static ngx_uint_t ngx_http_idempotency_cache_zones(ngx_shm_zone_t **out,
+    ngx_uint_t n);
 
 
 /* the zones' tag: the address of this, in the module loaded now */
@@ -838,23 +840,14 @@ void
 ngx_http_idempotency_cache_commit(ngx_str_t *rkey, ngx_str_t *fence,
     ngx_uint_t stored)
 {
-    ngx_uint_t                          i, n;
-    ngx_shm_zone_t                     *zones[NGX_HTTP_IDEMPOTENCY_CACHE_ZONES];
+    ngx_uint_t                          i;
     ngx_http_idempotency_cache_t       *cache;
     ngx_http_idempotency_cache_sh_t    *sh;
     ngx_http_idempotency_cache_node_t  *cn;
 
-    n = ngx_http_idempotency_cache_zones(zones,
-                                      NGX_HTTP_IDEMPOTENCY_CACHE_ZONES);
+    i = 0;
 
-    for (i = 0; i < n; i++) {
-        cache = zones[i]->data;
-
-        sh = ngx_http_idempotency_cache_lock(cache);
-        if (sh == NULL) {
-            continue;
-        }
-
+    while ((sh = ngx_http_idempotency_cache_next(&i, &cache)) != NULL) {
         cn = ngx_http_idempotency_cache_pending_find(sh->rbtree.root,
                                   sh->rbtree.sentinel,
                                   ngx_http_idempotency_cache_hash(rkey),
@@ -885,27 +878,19 @@ ngx_http_idempotency_cache_purge(ngx_http_idempotency_redis_conf_t *rcf,
 {
     uint32_t                            rid;
     ngx_str_t                           none;
-    ngx_uint_t                          i, n;
-    ngx_shm_zone_t                     *zones[NGX_HTTP_IDEMPOTENCY_CACHE_ZONES];
+    ngx_uint_t                          i;
     ngx_rbtree_key_t                    hash;
     ngx_http_idempotency_cache_t       *cache;
     ngx_http_idempotency_cache_sh_t    *sh;
     ngx_http_idempotency_cache_node_t  *cn;
 
-    n = ngx_http_idempotency_cache_zones(zones,
-                                      NGX_HTTP_IDEMPOTENCY_CACHE_ZONES);
     ngx_str_null(&none);
     rid = ngx_http_idempotency_cache_rid(rcf);
     hash = ngx_http_idempotency_cache_hash(rkey);
 
-    for (i = 0; i < n; i++) {
-        cache = zones[i]->data;
+    i = 0;
 
-        sh = ngx_http_idempotency_cache_lock(cache);
-        if (sh == NULL) {
-            continue;
-        }
-
+    while ((sh = ngx_http_idempotency_cache_next(&i, &cache)) != NULL) {
         for ( ;; ) {
             cn = ngx_http_idempotency_cache_find(sh, hash, rid, rkey);
 
@@ -946,25 +931,16 @@ ngx_http_idempotency_cache_used(void)
 void
 ngx_http_idempotency_cache_totals(ngx_uint_t *entries, size_t *bytes)
 {
-    ngx_uint_t                        i, n;
-    ngx_shm_zone_t                   *zones[NGX_HTTP_IDEMPOTENCY_CACHE_ZONES];
+    ngx_uint_t                        i;
     ngx_http_idempotency_cache_t     *cache;
     ngx_http_idempotency_cache_sh_t  *sh;
 
     *entries = 0;
     *bytes = 0;
 
-    n = ngx_http_idempotency_cache_zones(zones,
-                                      NGX_HTTP_IDEMPOTENCY_CACHE_ZONES);
+    i = 0;
 
-    for (i = 0; i < n; i++) {
-        cache = zones[i]->data;
-
-        sh = ngx_http_idempotency_cache_lock(cache);
-        if (sh == NULL) {
-            continue;
-        }
-
+    while ((sh = ngx_http_idempotency_cache_next(&i, &cache)) != NULL) {
         *entries += sh->entries;
         *bytes += sh->bytes;
 
@@ -1020,9 +996,39 @@ ngx_http_idempotency_cache_rid(ngx_http_idempotency_redis_conf_t *rcf)
 }
 
 
+/*
+ * The next of this node's zones from *i on, locked (the caller unlocks
+ * it), or NULL after the last: a walk over every zone is
+ * "i = 0; while ((sh = ..._next(&i, &cache)) != NULL) { ... unlock }".
+ */
+
+ngx_http_idempotency_cache_sh_t *
+ngx_http_idempotency_cache_next(ngx_uint_t *i,
+    ngx_http_idempotency_cache_t **cache)
+{
+    ngx_uint_t                        n;
+    ngx_shm_zone_t                   *zones[NGX_HTTP_IDEMPOTENCY_CACHE_ZONES];
+    ngx_http_idempotency_cache_sh_t  *sh;
+
+    n = ngx_http_idempotency_cache_zones(zones,
+                                      NGX_HTTP_IDEMPOTENCY_CACHE_ZONES);
+
+    while (*i < n) {
+        *cache = zones[(*i)++]->data;
+
+        sh = ngx_http_idempotency_cache_lock(*cache);
+        if (sh != NULL) {
+            return sh;
+        }
+    }
+
+    return NULL;
+}
+
+
 /* this node's cache zones, found through the cycle as the stats zone is */
 
-ngx_uint_t
+static ngx_uint_t
 ngx_http_idempotency_cache_zones(ngx_shm_zone_t **out, ngx_uint_t n)
 {
     ngx_uint_t        i, k;

@@ -182,22 +182,13 @@ ngx_http_idempotency_cache_exit_process(ngx_cycle_t *cycle)
 void
 ngx_http_idempotency_cache_listening(ngx_uint_t on)
 {
-    ngx_uint_t                        i, n, k, live;
-    ngx_shm_zone_t                   *zones[NGX_HTTP_IDEMPOTENCY_CACHE_ZONES];
+    ngx_uint_t                        i, k, live;
     ngx_http_idempotency_cache_t     *cache;
     ngx_http_idempotency_cache_sh_t  *sh;
 
-    n = ngx_http_idempotency_cache_zones(zones,
-                                      NGX_HTTP_IDEMPOTENCY_CACHE_ZONES);
+    i = 0;
 
-    for (i = 0; i < n; i++) {
-        cache = zones[i]->data;
-
-        sh = ngx_http_idempotency_cache_lock(cache);
-        if (sh == NULL) {
-            continue;
-        }
-
+    while ((sh = ngx_http_idempotency_cache_next(&i, &cache)) != NULL) {
         live = 0;
 
         for (k = 0; k < NGX_HTTP_IDEMPOTENCY_CACHE_LISTENERS; k++) {
@@ -243,23 +234,15 @@ ngx_uint_t
 ngx_http_idempotency_cache_others_listen(void)
 {
     ngx_pid_t                         pid;
-    ngx_uint_t                        i, n, k, found;
-    ngx_shm_zone_t                   *zones[NGX_HTTP_IDEMPOTENCY_CACHE_ZONES];
+    ngx_uint_t                        i, k, found;
     ngx_http_idempotency_cache_t     *cache;
     ngx_http_idempotency_cache_sh_t  *sh;
 
     found = 0;
-    n = ngx_http_idempotency_cache_zones(zones,
-                                      NGX_HTTP_IDEMPOTENCY_CACHE_ZONES);
 
-    for (i = 0; i < n && !found; i++) {
-        cache = zones[i]->data;
+    i = 0;
 
-        sh = ngx_http_idempotency_cache_lock(cache);
-        if (sh == NULL) {
-            continue;
-        }
-
+    while ((sh = ngx_http_idempotency_cache_next(&i, &cache)) != NULL) {
         if (sh->reloaded == 0
             || ngx_current_msec - sh->reloaded
                > 2 * NGX_HTTP_IDEMPOTENCY_CACHE_HANDOVER)
@@ -279,6 +262,10 @@ ngx_http_idempotency_cache_others_listen(void)
         }
 
         ngx_http_idempotency_cache_unlock(cache, sh);
+
+        if (found) {
+            break;
+        }
     }
 
     return found;

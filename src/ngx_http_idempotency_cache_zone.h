@@ -84,8 +84,10 @@ ngx_http_idempotency_cache_sh_t *ngx_http_idempotency_cache_lock(
     ngx_http_idempotency_cache_t *cache);
 void ngx_http_idempotency_cache_unlock(ngx_http_idempotency_cache_t *cache,
     ngx_http_idempotency_cache_sh_t *sh);
-ngx_uint_t ngx_http_idempotency_cache_zones(ngx_shm_zone_t **out,
-    ngx_uint_t n);
+
+/* each zone in turn, locked: see ngx_http_idempotency_cache.c */
+ngx_http_idempotency_cache_sh_t *ngx_http_idempotency_cache_next(
+    ngx_uint_t *i, ngx_http_idempotency_cache_t **cache);
 
 
 #endif /* _NGX_HTTP_IDEMPOTENCY_CACHE_ZONE_H_INCLUDED_ */
