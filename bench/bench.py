@@ -744,6 +744,27 @@ def cpu_totals():
 # --------------------------------------------------------------------------
 # one wrk run
 
+def prepare(name, port, path, runid, keys, size="1k"):
+    """Stores the keys a "cycle" scenario replays (nothing for a subject
+    that stores nothing), and checks the module and the Lua peer replay."""
+    subject = SCENARIOS[name][0]
+    if subject not in ("module", "lua", "srcache"):
+        return
+    replayed = prestore(port, path, runid, keys, RESPONSES[size].encode())
+    if subject != "srcache" and replayed != "true":
+        raise SetupError("%s: pre-stored key not replayed" % name)
+    if subject == "lua":
+        time.sleep(0.1)
+
+
+def cpu_per_request(res, apart=()):
+    """CPU seconds of the bench's processes per request, leaving out the
+    process groups in apart. The processes' time already includes the
+    softirq work done in their context: irq is not added again."""
+    n = res["requests"] or 1
+    return sum(v for k, v in res["cpu"].items() if k not in apart) / n
+
+
 def run_wrk(opts, port, mode, runid, duration, path="/orders", keys=None,
             delay_ms=0, connections=None, procs=None, sample=None):
     """Runs wrk, returns its RESULT dict plus cpu seconds per process group
@@ -912,13 +933,8 @@ class Bench:
         runid = "%s-%s-%d" % (name, size, random.randrange(1 << 30))
         keys = o.keys if size == "1k" else max(8, o.keys * 1024 // SIZES[size]
                                                // 4)
-        if mode == "cycle" and subject in ("module", "lua", "srcache"):
-            replayed = prestore(port, path, runid, keys,
-                                RESPONSES[size].encode())
-            if subject != "srcache" and replayed != "true":
-                raise SetupError("%s: pre-stored key not replayed" % name)
-            if subject == "lua":
-                time.sleep(0.1)
+        if mode == "cycle":
+            prepare(name, port, path, runid, keys, size)
         if o.warmup > 0:
             run_wrk(o, port, mode, runid + "w" if mode == "unique" else runid,
                     o.warmup, path, keys, delay_ms, connections)
@@ -1165,38 +1181,35 @@ class Bench:
                     subject = SCENARIOS[name][0]
                     if subject not in fronts:
                         fronts[subject] = self.front(subject)
-            keys = {}
+            setup = {}
             for _, a, b, _ in pairs:
                 for name in (a, b):
-                    if name in keys:
+                    if name in setup:
                         continue
                     ng, port = fronts[SCENARIOS[name][0]]
                     path = PATHS.get(name, "/orders")
                     runid = "paired-%s-%d" % (name, random.randrange(1 << 30))
-                    if SCENARIOS[name][0] in ("module", "lua", "srcache"):
-                        prestore(port, path, runid, o.keys,
-                                 RESPONSES["1k"].encode())
+                    prepare(name, port, path, runid, o.keys)
                     if o.warmup > 0:
                         run_wrk(o, port, "cycle", runid, o.warmup, path,
                                 o.keys)
-                    keys[name] = (ng, port, path, runid)
+                    setup[name] = (ng, port, path, runid)
             for label, a, b, tmin in pairs:
                 rows = []
                 for i in range(o.paired):
                     wait_idle(o)
                     got = {}
                     for name in ((a, b) if i % 2 else (b, a)):
-                        ng, port, path, runid = keys[name]
+                        ng, port, path, runid = setup[name]
                         store = self.store_of(SCENARIOS[name][0])
                         got[name] = run_wrk(o, port, "cycle", runid,
                                             o.duration, path, o.keys, 0,
                                             None, self.procs(ng, store))
                     ra, rb = got[a], got[b]
-                    ca = sum(ra["cpu"].values()) / (ra["requests"] or 1)
-                    cb = sum(rb["cpu"].values()) / (rb["requests"] or 1)
                     rows.append({"rps": [round(rb["rps"]), round(ra["rps"])],
                                  "ratio": ra["rps"] / rb["rps"],
-                                 "cost_ratio": cb / ca})
+                                 "cost_ratio": cpu_per_request(rb)
+                                 / cpu_per_request(ra)})
                     log("  %-22s pair %d: %.0f / %.0f req/s = %.2f "
                         "(CPU-cost %.2f)" % (label, i + 1, ra["rps"],
                                              rb["rps"], rows[-1]["ratio"],
@@ -1472,22 +1485,14 @@ def report(b, opts):
     w("|---|---:|---:|---|---:|---:|")
     verdicts = []
 
-    def cost(res):
-        # the processes' time already includes the softirq work done in
-        # their context: irq is not added again
-        n = res["requests"] or 1
-        return sum(res["cpu"].values()) / n
-
     def cost_apart(res):
-        # the same without Redis or memcached, as on a host of their own
-        n = res["requests"] or 1
-        return sum(v for k, v in res["cpu"].items()
-                   if k not in ("redis", "memcached")) / n
+        # without Redis or memcached, as on a host of their own
+        return cpu_per_request(res, ("redis", "memcached"))
 
     for label, a, bb, tmin in TARGETS:
         if a in R and bb in R:
             ratio = R[a]["rps"] / R[bb]["rps"]
-            cratio = cost(R[bb]) / cost(R[a])
+            cratio = cpu_per_request(R[bb]) / cpu_per_request(R[a])
             aratio = cost_apart(R[bb]) / cost_apart(R[a])
             ok = "" if tmin is None else ("met" if ratio >= tmin
                                           else "NOT met")
@@ -1516,16 +1521,15 @@ def report(b, opts):
           "CPU-cost ratio, median |")
         w("|---|---|---:|---:|---|---:|")
         for label, v in paired.items():
-            rs = sorted(p["ratio"] for p in v["pairs"])
-            cs = sorted(p["cost_ratio"] for p in v["pairs"])
-            med = statistics.median(rs)
+            med = statistics.median(p["ratio"] for p in v["pairs"])
+            cmed = statistics.median(p["cost_ratio"] for p in v["pairs"])
             ok = "met" if med >= v["target"] else "NOT met"
             w("| %s | %s | %.2f | >= %.2f | %s | %.2f |" % (
                 label, " ".join("%.2f" % p["ratio"] for p in v["pairs"]),
-                med, v["target"], ok, statistics.median(cs)))
+                med, v["target"], ok, cmed))
             verdicts.append({"ratio": label + " (paired)",
                              "value": round(med, 3),
-                             "cost_ratio": round(statistics.median(cs), 3),
+                             "cost_ratio": round(cmed, 3),
                              "target": v["target"], "verdict": ok})
         w("")
         w("Each pair: one slice of --duration of each scenario, both "

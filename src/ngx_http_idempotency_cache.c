@@ -46,6 +46,8 @@ static ngx_int_t ngx_http_idempotency_cache_init_sh(ngx_slab_pool_t *shpool);
 static void ngx_http_idempotency_cache_rbtree_insert(
     ngx_rbtree_node_t *temp, ngx_rbtree_node_t *node,
     ngx_rbtree_node_t *sentinel);
+static ngx_http_idempotency_cache_sh_t *ngx_http_idempotency_cache_lock(
+    ngx_http_idempotency_cache_t *cache);
 static ngx_http_idempotency_cache_node_t *ngx_http_idempotency_cache_find(
     ngx_http_idempotency_cache_sh_t *sh, ngx_rbtree_key_t hash, uint32_t rid,
     ngx_str_t *rkey);
@@ -336,7 +338,7 @@ ngx_http_idempotency_cache_rbtree_insert(ngx_rbtree_node_t *temp,
  * guards may then be half changed ("dirty"): the zone starts afresh.
  */
 
-ngx_http_idempotency_cache_sh_t *
+static ngx_http_idempotency_cache_sh_t *
 ngx_http_idempotency_cache_lock(ngx_http_idempotency_cache_t *cache)
 {
     ngx_http_idempotency_cache_sh_t  *sh;

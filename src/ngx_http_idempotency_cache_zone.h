@@ -1,6 +1,6 @@
 /*
  * The replay cache's zone as its two files see it: the entries, the
- * zone's header, and the lock around them.  Private to
+ * zone's header, and the walk that locks each zone in turn.  Private to
  * ngx_http_idempotency_cache.c and ngx_http_idempotency_cache_sub.c.
  */
 
@@ -80,8 +80,6 @@ typedef struct {
 } ngx_http_idempotency_cache_t;
 
 
-ngx_http_idempotency_cache_sh_t *ngx_http_idempotency_cache_lock(
-    ngx_http_idempotency_cache_t *cache);
 void ngx_http_idempotency_cache_unlock(ngx_http_idempotency_cache_t *cache,
     ngx_http_idempotency_cache_sh_t *sh);
 
