@@ -38,7 +38,8 @@ static ngx_int_t ngx_http_idempotency_claim_judge_record(
     ngx_http_request_t *r, ngx_http_idempotency_ctx_t *ctx, u_char *p,
     size_t len, ngx_http_idempotency_record_t *rec, ngx_uint_t checked);
 static void ngx_http_idempotency_free_reply(void *data);
-static void ngx_http_idempotency_resume(ngx_http_request_t *r);
+static void ngx_http_idempotency_resume(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
 static void ngx_http_idempotency_settle_handler(void *data, redisReply *reply,
     ngx_uint_t rc);
 static void ngx_http_idempotency_renew_start(ngx_http_idempotency_ctx_t *ctx);
@@ -70,7 +71,7 @@ ngx_http_idempotency_claim_send(ngx_http_request_t *r,
     {
         ctx->redis_rc = NGX_HTTP_IDEMPOTENCY_REDIS_OK;
         ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_DECIDED;
-        ngx_http_idempotency_resume(r);
+        ngx_http_idempotency_resume(r, ctx);
         return;
     }
 
@@ -124,7 +125,7 @@ ngx_http_idempotency_claim_send(ngx_http_request_t *r,
     if (ctx->op == NULL) {
         ctx->redis_rc = NGX_HTTP_IDEMPOTENCY_REDIS_ERROR;
         ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_DECIDED;
-        ngx_http_idempotency_resume(r);
+        ngx_http_idempotency_resume(r, ctx);
     }
 }
 
@@ -167,7 +168,7 @@ ngx_http_idempotency_claim_handler(void *data, redisReply *reply,
         }
     }
 
-    ngx_http_idempotency_resume(r);
+    ngx_http_idempotency_resume(r, ctx);
 }
 
 
@@ -428,12 +429,22 @@ ngx_http_idempotency_free_reply(void *data)
 }
 
 
-/* runs the phases again from an event that is not the request's own */
+/*
+ * Runs the phases again from an event that is not the request's own; a
+ * verdict reached while the phase handler's first call is still on the
+ * stack (the whole body was there and the node's cache answered, or Redis
+ * failed at once) is taken up by that call as it returns (handler.c).
+ */
 
 static void
-ngx_http_idempotency_resume(ngx_http_request_t *r)
+ngx_http_idempotency_resume(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx)
 {
     ngx_connection_t  *c;
+
+    if (ctx->starting) {
+        return;
+    }
 
     c = r->connection;
 

@@ -109,6 +109,9 @@ struct ngx_http_idempotency_ctx_s {
     /* $idempotency_cache: NGX_HTTP_IDEMPOTENCY_CACHE_* */
     unsigned                             cache:2;
 
+    /* the phase handler's first call is on the stack (handler.c) */
+    unsigned                             starting:1;
+
     /*
      * HTTP/1.x with a Content-Length: the body bytes passed on, and the
      * response's last byte, kept back until the last buffer comes

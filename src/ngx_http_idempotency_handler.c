@@ -205,9 +205,12 @@ ngx_http_idempotency_start(ngx_http_request_t *r,
     }
 
     ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_READING_BODY;
+    ctx->starting = 1;
 
     rc = ngx_http_read_client_request_body(r,
                                            ngx_http_idempotency_body_handler);
+
+    ctx->starting = 0;
 
     if (rc >= NGX_HTTP_SPECIAL_RESPONSE) {
         ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_DONE;
@@ -217,6 +220,15 @@ ngx_http_idempotency_start(ngx_http_request_t *r,
     /* gives back the reference taken by reading the body */
 
     ngx_http_finalize_request(r, NGX_DONE);
+
+    if (ctx->state == NGX_HTTP_IDEMPOTENCY_STATE_DECIDED) {
+        /*
+         * the body was all there and the verdict needed no wait (a replay
+         * from the node's cache): taken up now, not by a second pass of
+         * the phases
+         */
+        return ngx_http_idempotency_decide(r, ctx);
+    }
 
     return NGX_DONE;
 }
@@ -561,7 +573,6 @@ static ngx_int_t
 ngx_http_idempotency_replay(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx)
 {
-    int                                    rc;
     ngx_int_t                              n;
     ngx_uint_t                             dropped, trailer;
     ngx_buf_t                             *b;
@@ -570,27 +581,14 @@ ngx_http_idempotency_replay(ngx_http_request_t *r,
     const u_char                          *p, *end;
     ngx_http_idempotency_record_header_t   rh;
 
-    p = ctx->reply_headers.data;
-    end = p + ctx->reply_headers.len;
-
     /*
-     * The whole headers field is checked before any of it goes into the
-     * response: a corrupt record is refused with a problem (or passed on,
-     * with idempotency_on_store_error open) that carries none of it.
+     * The whole headers field was checked before the verdict (claim.c: the
+     * record's validation, or the node's cache, which keeps only records
+     * that passed it): nothing here is refused half-way through.
      */
 
-    do {
-        rc = ngx_http_idempotency_record_next_header(&p, end, &rh);
-    } while (rc == 1);
-
-    if (rc == -1) {
-        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                      "idempotency: stored headers of key_hash=%s are "
-                      "corrupt, not replayed",
-                      ngx_http_idempotency_key_hash(&ctx->rkey));
-        ctx->redis_rc = NGX_HTTP_IDEMPOTENCY_REDIS_ERROR;
-        return ngx_http_idempotency_redis_failed(r, ctx);
-    }
+    p = ctx->reply_headers.data;
+    end = p + ctx->reply_headers.len;
 
     ctx->replaying = 1;
 
@@ -599,8 +597,6 @@ ngx_http_idempotency_replay(ngx_http_request_t *r,
 
     r->headers_out.status = ctx->reply_status;
     ngx_http_idempotency_status_line(r);
-
-    p = ctx->reply_headers.data;
 
     dropped = 0;
 

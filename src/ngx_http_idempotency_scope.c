@@ -50,6 +50,21 @@ static ngx_http_idempotency_scope_waiters_t
 static time_t      ngx_http_idempotency_scope_logged;
 static ngx_uint_t  ngx_http_idempotency_scope_unlogged;
 
+/*
+ * The last scope this worker hashed and its hash: the requests of one
+ * principal (a client's retries, a service with one credential, a constant
+ * idempotency_scope) hash their scope once, not once per request.  Looked
+ * up with a constant-time comparison, as the bytes are a credential.
+ */
+#define NGX_HTTP_IDEMPOTENCY_SCOPE_MEMO_MAX  256
+
+static struct {
+    void       *secret;     /* the location's secret it was keyed with */
+    size_t      len;        /* 0: nothing kept */
+    u_char      scope[NGX_HTTP_IDEMPOTENCY_SCOPE_MEMO_MAX];
+    u_char      hex[NGX_HTTP_IDEMPOTENCY_SCOPE_HEX_LEN];
+} ngx_http_idempotency_scope_memo;
+
 
 ngx_int_t
 ngx_http_idempotency_scope_init_process(ngx_cycle_t *cycle)
@@ -74,6 +89,8 @@ ngx_http_idempotency_scope_init_process(ngx_cycle_t *cycle)
 
     ngx_memzero(ngx_http_idempotency_scope_waiters,
                 sizeof(ngx_http_idempotency_scope_waiters));
+    ngx_memzero(&ngx_http_idempotency_scope_memo,
+                sizeof(ngx_http_idempotency_scope_memo));
 
     return NGX_OK;
 }
@@ -124,7 +141,23 @@ ngx_http_idempotency_scope_hash(ngx_http_idempotency_loc_conf_t *ilcf,
 
     secret = ilcf->scope_secret;
 
-    if (secret == NULL || secret == NGX_CONF_UNSET_PTR) {
+    if (secret == NGX_CONF_UNSET_PTR) {
+        secret = NULL;
+    }
+
+    if (scope->len != 0
+        && ngx_http_idempotency_scope_memo.len == scope->len
+        && ngx_http_idempotency_scope_memo.secret == (void *) secret
+        && CRYPTO_memcmp(ngx_http_idempotency_scope_memo.scope, scope->data,
+                         scope->len)
+           == 0)
+    {
+        ngx_memcpy(hex, ngx_http_idempotency_scope_memo.hex,
+                   NGX_HTTP_IDEMPOTENCY_SCOPE_HEX_LEN);
+        return NGX_OK;
+    }
+
+    if (secret == NULL) {
         if (ngx_http_idempotency_scope_digest(md_ctx, NULL, scope->data,
                                               scope->len, md)
             != NGX_OK)
@@ -143,6 +176,15 @@ ngx_http_idempotency_scope_hash(ngx_http_idempotency_loc_conf_t *ilcf,
     }
 
     ngx_hex_dump(hex, md, SHA256_DIGEST_LENGTH);
+
+    if (scope->len <= NGX_HTTP_IDEMPOTENCY_SCOPE_MEMO_MAX) {
+        ngx_http_idempotency_scope_memo.secret = secret;
+        ngx_http_idempotency_scope_memo.len = scope->len;
+        ngx_memcpy(ngx_http_idempotency_scope_memo.scope, scope->data,
+                   scope->len);
+        ngx_memcpy(ngx_http_idempotency_scope_memo.hex, hex,
+                   NGX_HTTP_IDEMPOTENCY_SCOPE_HEX_LEN);
+    }
 
     return NGX_OK;
 
@@ -216,6 +258,13 @@ ngx_http_idempotency_scope_secret(ngx_conf_t *cf, ngx_command_t *cmd,
     }
 
     secret->file = name;
+
+    /*
+     * a reload without workers of its own (master_process off) may put
+     * another secret where an old one was: the hash kept for that one goes
+     */
+    ngx_memzero(&ngx_http_idempotency_scope_memo,
+                sizeof(ngx_http_idempotency_scope_memo));
 
     if (ngx_http_idempotency_scope_read(cf, &name, raw, &len) != NGX_OK) {
         OPENSSL_cleanse(raw, sizeof(raw));

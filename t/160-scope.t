@@ -497,3 +497,39 @@ Test::More::is(scalar(grep { $_ eq "$ENV{TEST_NGINX_PREFIX}$hmac:rel-1" }
 --- request
 GET /t
 --- error_code: 204
+
+
+
+=== TEST 19: one credential without the secret, then with it: two namespaces (a worker's last scope hash is kept with the secret it was keyed by)
+--- http_config eval: $::HttpConfig
+--- config eval: $::Config
+--- request eval
+["POST /default\nx", "POST /secret\nx", "POST /default\nx"]
+--- more_headers eval
+["Idempotency-Key: memo-1\nAuthorization: Bearer memo-credential",
+ "Idempotency-Key: memo-1\nAuthorization: Bearer memo-credential",
+ "Idempotency-Key: memo-1\nAuthorization: Bearer memo-credential"]
+--- error_code eval
+[201, 201, 201]
+--- response_headers eval
+["X-Idempotency-Status: MISS", "X-Idempotency-Status: MISS",
+ "X-Idempotency-Status: HIT"]
+
+
+
+=== TEST 20: scopes of the same length one after another stay apart, and each one's retry finds its own record
+--- http_config eval: $::HttpConfig
+--- config eval: $::Config
+--- request eval
+["POST /default\nx", "POST /default\nx", "POST /default\nx",
+ "POST /default\nx"]
+--- more_headers eval
+["Idempotency-Key: memo-2\nAuthorization: Bearer aaaa",
+ "Idempotency-Key: memo-2\nAuthorization: Bearer aaab",
+ "Idempotency-Key: memo-2\nAuthorization: Bearer aaaa",
+ "Idempotency-Key: memo-2\nAuthorization: Bearer aaab"]
+--- error_code eval
+[201, 201, 201, 201]
+--- response_headers eval
+["X-Idempotency-Status: MISS", "X-Idempotency-Status: MISS",
+ "X-Idempotency-Status: HIT", "X-Idempotency-Status: HIT"]

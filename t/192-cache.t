@@ -512,3 +512,45 @@ zone "small" is too small
 --- must_die
 --- error_log
 max_size of zone "z" must be at most half its size
+
+
+
+=== TEST 17: a body that comes after the headers, in a later packet: the replay still comes from the cache
+--- http_config eval: $::HttpConfig
+--- config eval: $::Config
+--- init
+Test::More::is(main::post('/t', 'k17', 'late body'), '201 MISS',
+               'the first request runs');
+main::settle();
+--- request eval
+[["POST /t\n", {value => "late body", delay_before => 0.2}]]
+--- more_headers
+Idempotency-Key: k17
+--- error_code: 201
+--- response_headers
+Idempotent-Replayed: true
+X-Idempotency-Status: HIT
+X-Idempotency-Cache: HIT
+--- response_body
+created
+--- no_error_log
+[error]
+
+
+
+=== TEST 18: a late body that differs gets 422 from the cache; HTTP/1.0 gets the replay too
+--- http_config eval: $::HttpConfig
+--- config eval: $::Config
+--- init
+Test::More::is(main::post('/t', 'k18', 'first'), '201 MISS',
+               'the first request runs');
+main::settle();
+--- request eval
+[["POST /t\n", {value => "other", delay_before => 0.2}],
+ "POST /t HTTP/1.0\nfirst"]
+--- more_headers
+Idempotency-Key: k18
+--- error_code eval
+[422, 201]
+--- response_headers eval
+["X-Idempotency-Cache: HIT", "X-Idempotency-Cache: HIT"]
