@@ -30,6 +30,20 @@
 #define NGX_HTTP_IDEMPOTENCY_CACHE_EVICT_MAX  64
 
 
+/*
+ * The node's layout (ngx_http_idempotency_cache_zone.h) on 64-bit
+ * platforms: what a lookup reads fits the first 64 bytes, the LRU links
+ * start the second 64, and the node is a 128-byte slab block.  A build
+ * where a change breaks this fails here.
+ */
+typedef char ngx_http_idempotency_cache_node_layout_t[
+    sizeof(void *) != 8
+    || (offsetof(ngx_http_idempotency_cache_node_t, queue) == 64
+        && sizeof(ngx_http_idempotency_cache_node_t) > 64
+        && sizeof(ngx_http_idempotency_cache_node_t) <= 128)
+    ? 1 : -1];
+
+
 /* a record's TTL being read from Redis: where it goes then */
 typedef struct {
     ngx_shm_zone_t                      *zone;

@@ -37,6 +37,10 @@ our $HttpConfig = qq{
         location = /t {
             idempotency on;
             idempotency_scope test;
+            # not "return" here: it would answer before the module runs
+            proxy_pass http://127.0.0.1:$Port2/backend;
+        }
+        location = /backend {
             return 201 "created\n";
         }
     }
@@ -213,7 +217,10 @@ created
     local $main::Port = $main::Port2;
     Test::More::is(main::post('/t', 'k2'), '201 none', 'stored elsewhere');
 }
-Test::More::is(main::post('/t', 'k2'), '201 MISS', 'replayed from Redis');
+my ($st, $head) = main::http('POST', '/t', ['Idempotency-Key: k2'], 'x');
+Test::More::ok($st == 201 && $head =~ /^X-Idempotency-Status: HIT\r?$/mi
+               && $head =~ /^X-Idempotency-Cache: MISS\r?$/mi,
+               'replayed from Redis, not from the cache');
 main::settle();
 --- request
 POST /t
@@ -398,13 +405,37 @@ my $c = main::cache_json();
 Test::More::is($c->{hits}, 2, 'two hits');
 Test::More::is($c->{misses}, 1, 'one miss');
 Test::More::is($c->{entries}, 1, 'one entry');
-Test::More::cmp_ok($c->{bytes}, '>', 100, 'its bytes');
 Test::More::is($c->{evictions}, 0, 'no eviction');
+# an entry's bytes: the record, its key, the node (104 bytes on 64-bit
+# builds) and, for a record this node stored, the in-flight record the
+# store replaced (its fence, about 140 bytes)
+my $hash = Digest::SHA::sha256_hex('test');
+my $rkey = "$ENV{TEST_NGINX_PREFIX}$hash:k11";
+chomp(my $len = main::redis_cli('STRLEN', $rkey));
+Test::More::cmp_ok($len, '>', 100, 'the record in Redis');
+my $fence = $c->{bytes} - (104 + length($rkey) + $len);
+Test::More::ok($fence > 100 && $fence < 200,
+               "stored here: record, key, node and fence ($fence)");
+# a record read from Redis has no fence: its bytes are exact
+{
+    local $main::Port = $main::Port2;
+    Test::More::is(main::post('/t', 'k11b'), '201 none', 'stored elsewhere');
+}
+my ($st, $head) = main::http('POST', '/t', ['Idempotency-Key: k11b'], 'x');
+Test::More::ok($st == 201 && $head =~ /^X-Idempotency-Status: HIT\r?$/mi,
+               'replayed from Redis');
+main::settle();
+my $rkey2 = "$ENV{TEST_NGINX_PREFIX}$hash:k11b";
+chomp(my $len2 = main::redis_cli('STRLEN', $rkey2));
+my $c2 = main::cache_json();
+Test::More::is($c2->{entries}, 2, 'two entries');
+Test::More::is($c2->{bytes} - $c->{bytes}, 104 + length($rkey2) + $len2,
+               'read from Redis: record, key and node');
 --- request
 GET /status?format=prometheus
 --- error_code: 200
 --- response_body_like eval
-qr/# TYPE nginx_idempotency_cache_entries gauge\nnginx_idempotency_cache_entries 1\n/
+qr/# TYPE nginx_idempotency_cache_entries gauge\nnginx_idempotency_cache_entries 2\n/
 
 
 
