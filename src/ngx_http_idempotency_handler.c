@@ -223,9 +223,9 @@ ngx_http_idempotency_start(ngx_http_request_t *r,
 
     if (ctx->state == NGX_HTTP_IDEMPOTENCY_STATE_DECIDED) {
         /*
-         * the body was all there and the verdict needed no wait (a replay
-         * from the node's cache): taken up now, not by a second pass of
-         * the phases
+         * the body was all there and the verdict needed no wait (the
+         * node's cache answered, or Redis failed at once): taken up now,
+         * not by a second pass of the phases (claim.c, resume)
          */
         return ngx_http_idempotency_decide(r, ctx);
     }

@@ -59,10 +59,11 @@ static ngx_uint_t  ngx_http_idempotency_scope_unlogged;
 #define NGX_HTTP_IDEMPOTENCY_SCOPE_MEMO_MAX  256
 
 static struct {
-    void       *secret;     /* the location's secret it was keyed with */
-    size_t      len;        /* 0: nothing kept */
-    u_char      scope[NGX_HTTP_IDEMPOTENCY_SCOPE_MEMO_MAX];
-    u_char      hex[NGX_HTTP_IDEMPOTENCY_SCOPE_HEX_LEN];
+    /* the location's secret it was keyed with, NULL: none */
+    ngx_http_idempotency_scope_secret_t  *secret;
+    size_t     len;                               /* 0: nothing kept */
+    u_char     scope[NGX_HTTP_IDEMPOTENCY_SCOPE_MEMO_MAX];
+    u_char     hex[NGX_HTTP_IDEMPOTENCY_SCOPE_HEX_LEN];
 } ngx_http_idempotency_scope_memo;
 
 
@@ -147,7 +148,7 @@ ngx_http_idempotency_scope_hash(ngx_http_idempotency_loc_conf_t *ilcf,
 
     if (scope->len != 0
         && ngx_http_idempotency_scope_memo.len == scope->len
-        && ngx_http_idempotency_scope_memo.secret == (void *) secret
+        && ngx_http_idempotency_scope_memo.secret == secret
         && CRYPTO_memcmp(ngx_http_idempotency_scope_memo.scope, scope->data,
                          scope->len)
            == 0)

@@ -127,6 +127,20 @@ sub post {
     return "$status " . ($cache // 'none');
 }
 
+# The record of $key stored through the server without the cache, then
+# replayed here from Redis: true when that replay was a Redis HIT (the
+# cache missed)
+sub from_redis {
+    my ($key) = @_;
+    {
+        local $main::Port = $main::Port2;
+        Test::More::is(post('/t', $key), '201 none', 'stored elsewhere');
+    }
+    my ($status, $head) = http('POST', '/t', ["Idempotency-Key: $key"], 'x');
+    return $status == 201 && $head =~ /^X-Idempotency-Status: HIT\r?$/mi
+           && $head =~ /^X-Idempotency-Cache: MISS\r?$/mi;
+}
+
 sub cache_json {
     my ($status, $head, $body) = http('GET', '/status?format=json');
     die "status: $status\n" unless $status == 200;
@@ -213,13 +227,7 @@ created
 --- http_config eval: $::HttpConfig
 --- config eval: $::Config
 --- init
-{
-    local $main::Port = $main::Port2;
-    Test::More::is(main::post('/t', 'k2'), '201 none', 'stored elsewhere');
-}
-my ($st, $head) = main::http('POST', '/t', ['Idempotency-Key: k2'], 'x');
-Test::More::ok($st == 201 && $head =~ /^X-Idempotency-Status: HIT\r?$/mi
-               && $head =~ /^X-Idempotency-Cache: MISS\r?$/mi,
+Test::More::ok(main::from_redis('k2'),
                'replayed from Redis, not from the cache');
 main::settle();
 --- request
@@ -417,13 +425,7 @@ my $fence = $c->{bytes} - (104 + length($rkey) + $len);
 Test::More::ok($fence > 100 && $fence < 200,
                "stored here: record, key, node and fence ($fence)");
 # a record read from Redis has no fence: its bytes are exact
-{
-    local $main::Port = $main::Port2;
-    Test::More::is(main::post('/t', 'k11b'), '201 none', 'stored elsewhere');
-}
-my ($st, $head) = main::http('POST', '/t', ['Idempotency-Key: k11b'], 'x');
-Test::More::ok($st == 201 && $head =~ /^X-Idempotency-Status: HIT\r?$/mi,
-               'replayed from Redis');
+Test::More::ok(main::from_redis('k11b'), 'replayed from Redis');
 main::settle();
 my $rkey2 = "$ENV{TEST_NGINX_PREFIX}$hash:k11b";
 chomp(my $len2 = main::redis_cli('STRLEN', $rkey2));
