@@ -37,6 +37,8 @@ struct ngx_http_idempotency_redis_sub_s {
     ngx_http_idempotency_redis_node_t   *node;     /* listened at */
     u_char                               host[NGX_SOCKADDR_STRLEN];
     in_port_t                            port;
+    /* for logs: host:port or unix:path, never the directive's text */
+    u_char                               where[NGX_SOCKADDR_STRLEN + 16];
     ngx_event_t                          timer;
     ngx_uint_t                           failures;   /* in a row */
     unsigned                             subscribed:1;
@@ -127,6 +129,8 @@ ngx_http_idempotency_redis_sub_connect(ngx_http_idempotency_redis_sub_t *sub)
     name = NULL;
 
     if (rcf->unix_path.len) {
+        ngx_snprintf(sub->where, sizeof(sub->where) - 1, "unix:%V%Z",
+                     &rcf->unix_path);
         ac = redisAsyncConnectUnix((const char *) rcf->unix_path.data);
 
     } else {
@@ -150,6 +154,8 @@ ngx_http_idempotency_redis_sub_connect(ngx_http_idempotency_redis_sub_t *sub)
         sub->node = node;
         ngx_cpystrn(sub->host, (u_char *) host, NGX_SOCKADDR_STRLEN);
         sub->port = port;
+        ngx_snprintf(sub->where, sizeof(sub->where) - 1, "%s:%d%Z",
+                     sub->host, (int) port);
 
         ac = redisAsyncConnect((const char *) sub->host, port);
     }
@@ -247,9 +253,9 @@ ngx_http_idempotency_redis_sub_retry(ngx_http_idempotency_redis_sub_t *sub,
 
     if (sub->failures++ == 0) {
         ngx_log_error(NGX_LOG_WARN, sub->log, 0,
-                      "idempotency: the subscription to \"%V\" at %V "
+                      "idempotency: the subscription to \"%V\" at %s "
                       "stopped (%s), subscribing again every %d ms",
-                      sub->channel, &sub->conf->text, reason,
+                      sub->channel, sub->where, reason,
                       NGX_HTTP_IDEMPOTENCY_REDIS_SUB_RETRY);
     }
 
@@ -292,9 +298,9 @@ ngx_http_idempotency_redis_sub_reply(redisAsyncContext *ac, void *r,
 
     if (reply->type == REDIS_REPLY_ERROR) {
         ngx_log_error(NGX_LOG_ERR, sub->log, 0,
-                      "idempotency: %s of \"%V\" at %V failed: %*s",
+                      "idempotency: %s of \"%V\" at %s failed: %*s",
                       privdata ? "AUTH" : "SUBSCRIBE", sub->channel,
-                      &sub->conf->text, (size_t) reply->len, reply->str);
+                      sub->where, (size_t) reply->len, reply->str);
 
         ngx_http_idempotency_redis_sub_close(sub);
         ngx_http_idempotency_redis_sub_retry(sub, "refused");
@@ -322,8 +328,8 @@ ngx_http_idempotency_redis_sub_reply(redisAsyncContext *ac, void *r,
 
         if (sub->failures) {
             ngx_log_error(NGX_LOG_NOTICE, sub->log, 0,
-                          "idempotency: subscribed to \"%V\" at %V again",
-                          sub->channel, &sub->conf->text);
+                          "idempotency: subscribed to \"%V\" at %s again",
+                          sub->channel, sub->where);
         }
 
         sub->subscribed = 1;
@@ -396,10 +402,9 @@ ngx_http_idempotency_redis_sub_follow(ngx_http_idempotency_redis_sub_t *sub)
                 || ngx_strcmp(host, sub->host) != 0))
         {
             ngx_log_error(NGX_LOG_NOTICE, sub->log, 0,
-                          "idempotency: the subscription to \"%V\" of %V "
+                          "idempotency: the subscription to \"%V\" "
                           "moves from %s:%d to %s:%d", sub->channel,
-                          &rcf->text, sub->host, (int) sub->port, host,
-                          (int) port);
+                          sub->host, (int) sub->port, host, (int) port);
 
             ngx_http_idempotency_redis_sub_close(sub);
             ngx_http_idempotency_redis_sub_connect(sub);
