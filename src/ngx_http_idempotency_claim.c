@@ -12,6 +12,7 @@
 #include "ngx_http_idempotency_record.h"
 #include "ngx_http_idempotency_scope.h"
 #include "ngx_http_idempotency_stats.h"
+#include "ngx_http_idempotency_wait.h"
 
 #include <stdlib.h>
 
@@ -1014,6 +1015,8 @@ ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx)
     }
 
     if (rc == NGX_OK) {
+        ngx_http_idempotency_wait_notify(ilcf, &ctx->rkey,
+                                         r->connection->log);
         return NGX_OK;
     }
 
@@ -1192,12 +1195,7 @@ ngx_http_idempotency_claim_end(void *data)
         ngx_http_idempotency_abandon(ctx);
     }
 
-    if (ctx->wait_timer.timer_set) {
-        ngx_del_timer(&ctx->wait_timer);
-        ngx_http_idempotency_waiters--;
-        ngx_http_idempotency_scope_wait_leave(
-            ctx->rkey.data + ctx->conf->redis->prefix.len);
-    }
+    ngx_http_idempotency_wait_end(ctx);
 
     ngx_http_idempotency_hold_leave(ctx);
 

@@ -10,6 +10,7 @@
 #include "ngx_http_idempotency_cache.h"
 #include "ngx_http_idempotency_stats.h"
 #include "ngx_http_idempotency_scope.h"
+#include "ngx_http_idempotency_wait.h"
 
 
 static ngx_int_t ngx_http_idempotency_init(ngx_conf_t *cf);
@@ -145,8 +146,8 @@ static ngx_command_t  ngx_http_idempotency_commands[] = {
       NULL },
 
     { ngx_string("idempotency_wait"),
-      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
-      ngx_http_idempotency_time,
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE12,
+      ngx_http_idempotency_wait_conf,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_idempotency_loc_conf_t, wait),
       NULL },
@@ -406,6 +407,7 @@ ngx_http_idempotency_create_loc_conf(ngx_conf_t *cf)
     ilcf->required = NGX_CONF_UNSET;
     ilcf->scope = NGX_CONF_UNSET_PTR;
     ilcf->wait = NGX_CONF_UNSET_MSEC;
+    ilcf->wait_poll = NGX_CONF_UNSET_MSEC;
     ilcf->max_response_size = NGX_CONF_UNSET_SIZE;
     ilcf->on_store_error = NGX_CONF_UNSET_UINT;
     ilcf->on_upstream_error = NGX_CONF_UNSET_UINT;
@@ -441,6 +443,8 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     ngx_conf_merge_ptr_value(conf->scope_secret, prev->scope_secret, NULL);
     ngx_conf_merge_ptr_value(conf->cache, prev->cache, NULL);
     ngx_conf_merge_msec_value(conf->wait, prev->wait, 0);
+    ngx_conf_merge_msec_value(conf->wait_poll, prev->wait_poll,
+                              NGX_HTTP_IDEMPOTENCY_WAIT_POLL);
     ngx_conf_merge_size_value(conf->max_response_size,
                               prev->max_response_size, 1024 * 1024);
     ngx_conf_merge_uint_value(conf->on_store_error, prev->on_store_error,
@@ -568,6 +572,14 @@ ngx_http_idempotency_init_process(ngx_cycle_t *cycle)
         return NGX_ERROR;
     }
 
+    if (ngx_http_idempotency_wait_init_process(cycle,
+                                        (imcf && imcf->used) ? &imcf->redis
+                                                             : NULL)
+        != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
     return ngx_http_idempotency_cache_init_process(cycle,
                                         (imcf && imcf->used) ? &imcf->redis
                                                              : NULL);
@@ -583,6 +595,7 @@ ngx_http_idempotency_exit_process(ngx_cycle_t *cycle)
                                                ngx_http_idempotency_module);
 
     ngx_http_idempotency_cache_exit_process(cycle);
+    ngx_http_idempotency_wait_exit_process(cycle);
     ngx_http_idempotency_redis_exit_process(cycle,
                                             imcf ? &imcf->redis : NULL);
     ngx_http_idempotency_handler_exit_process(cycle);
