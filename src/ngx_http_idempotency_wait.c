@@ -567,7 +567,10 @@ ngx_http_idempotency_wait_mark(ngx_http_idempotency_ctx_t *ctx,
 }
 
 
-/* the mark's reply: nothing waits for it (the claim behind it decides) */
+/*
+ * The reply of a mark or of the wake script: nothing waits for it (the
+ * claim behind a mark decides; a waiter's poll is the fallback)
+ */
 
 static void
 ngx_http_idempotency_wait_marked(void *data, redisReply *reply,
@@ -575,12 +578,23 @@ ngx_http_idempotency_wait_marked(void *data, redisReply *reply,
 {
     ngx_http_idempotency_redis_info_t *info = data;
 
-    if (rc == NGX_HTTP_IDEMPOTENCY_REDIS_OK
-        && reply->type == REDIS_REPLY_ERROR)
+    if (rc != NGX_HTTP_IDEMPOTENCY_REDIS_OK
+        || reply->type != REDIS_REPLY_ERROR)
     {
+        return;
+    }
+
+    if (info->script == NGX_HTTP_IDEMPOTENCY_SCRIPT_WAIT_MARK) {
         ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0,
                       "idempotency: a waiter's mark was refused (%*s), "
                       "key_hash=%s: it learns the outcome by its poll",
+                      (size_t) reply->len, reply->str,
+                      ngx_http_idempotency_key_hash(&info->key));
+
+    } else {
+        ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0,
+                      "idempotency: the wake script failed (%*s), "
+                      "key_hash=%s: waiters learn the outcome by their poll",
                       (size_t) reply->len, reply->str,
                       ngx_http_idempotency_key_hash(&info->key));
     }
