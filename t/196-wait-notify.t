@@ -8,7 +8,8 @@
 # notification that is never published (the mark removed) still ends in
 # the replay, by the slow poll; a listener whose subscription is killed
 # (CLIENT KILL TYPE pubsub) sends its node's waiters back to the quick
-# poll, and they get the replay too.
+# poll, and they get the replay too.  A release (the first response not
+# stored) wakes the waiter as well, which then claims the key and runs.
 #
 # The upstream is this test: it accepts the first request's connection
 # and answers it when the duplicates are seen waiting (their mark is in
@@ -22,11 +23,11 @@ use Test::More;
 use Digest::SHA ();
 use IO::Select ();
 use IO::Socket::INET ();
-use JSON::PP ();
 
 use lib 't/lib';
 use IdemTest;
 use Roads ();
+use WaitNotify;
 
 plan skip_all => 'TEST_NGINX_LOAD_MODULES is not set (run via make test)'
     unless $ENV{TEST_NGINX_LOAD_MODULES} && $ENV{TEST_NGINX_REDIS_PORT};
@@ -35,10 +36,7 @@ my $prefix = "t196-$$-" . time() . ':';
 my @port = (free_port(), free_port());
 
 # the upstream: connections wait in its backlog until the test accepts them
-my $backend = IO::Socket::INET->new(Listen => 16, LocalAddr => '127.0.0.1',
-                                    LocalPort => 0, Proto => 'tcp',
-                                    ReuseAddr => 1)
-    or die "backend: $!\n";
+my $backend = backend();
 my $bport = $backend->sockport;
 
 $SIG{INT} = $SIG{TERM} = sub { Roads::stop(); exit 130 };
@@ -93,29 +91,6 @@ sub listeners {
     return $n // 0;
 }
 
-# reads one response with a Content-Length from $s: (status, head, body)
-sub read_response {
-    my ($s, $secs) = @_;
-    my $sel = IO::Select->new($s);
-    my $buf = '';
-    my $end = time + $secs * $Slow;
-    while (time < $end) {
-        if ($buf =~ /\r\n\r\n/) {
-            my ($head, $body) = split /\r\n\r\n/, $buf, 2;
-            my ($len) = $head =~ /^Content-Length: (\d+)/mi;
-            if (defined $len && length($body) >= $len) {
-                my ($status) = $head =~ m{^HTTP/1\.[01] (\d{3})};
-                return ($status, $head, substr($body, 0, $len));
-            }
-        }
-        next unless $sel->can_read(0.1);
-        my $n = sysread($s, my $chunk, 65536);
-        last unless $n;
-        $buf .= $chunk;
-    }
-    return (0, '', '');
-}
-
 # A keep-alive connection to $port served by a worker for which $want->($pid)
 # holds (reuseport spreads new connections over the workers): ($sock, $pid)
 sub conn_on {
@@ -133,42 +108,6 @@ sub conn_on {
     die "no connection to the worker wanted\n";
 }
 
-sub send_post {
-    my ($s, $uri, $key) = @_;
-    print $s "POST $uri HTTP/1.1\r\nHost: localhost\r\n"
-             . "Idempotency-Key: $key\r\nContent-Length: 1\r\n"
-             . "Connection: close\r\n\r\nx";
-}
-
-sub new_conn {
-    my ($port) = @_;
-    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port,
-                                  Timeout => 10)
-        or die "connect: $!\n";
-    $s->autoflush(1);
-    return $s;
-}
-
-# the first request of a key reaches the upstream: its connection
-sub upstream_request {
-    my $sel = IO::Select->new($backend);
-    return undef unless $sel->can_read(10 * $Slow);
-    my $c = $backend->accept or return undef;
-    my $req = '';
-    my $csel = IO::Select->new($c);
-    while ($req !~ /\r\n\r\nx/ && $csel->can_read(10 * $Slow)) {
-        sysread($c, $req, 4096, length $req) or last;
-    }
-    return $c;
-}
-
-sub answer {
-    my ($c) = @_;
-    print $c "HTTP/1.1 201 Created\r\nContent-Type: text/plain\r\n"
-             . "Content-Length: 5\r\nConnection: close\r\n\r\ndone\n";
-    close $c;
-}
-
 # a duplicate on $s, seen waiting: its mark (and the claim behind it) is in
 sub duplicate {
     my ($s, $uri, $key) = @_;
@@ -184,17 +123,6 @@ sub replayed {
     like($head, qr/^Idempotent-Replayed: true\r?$/mi, "$what: a replay");
 }
 
-sub waits {
-    my ($node) = @_;
-    my $s = new_conn($port[$node]);
-    print $s "GET /status?format=json HTTP/1.1\r\nHost: localhost\r\n"
-             . "Connection: close\r\n\r\n";
-    my ($status, undef, $body) = read_response($s, 10);
-    die "status: $status\n" unless $status == 200;
-    my $w = JSON::PP::decode_json($body)->{waits};
-    return "notified $w->{notified}, polled $w->{polled}";
-}
-
 ok(Roads::wait_for(10, sub { listeners() == 2 }),
    "each node's worker 0 listens on \"<prefix>done\"");
 
@@ -208,7 +136,7 @@ ok(Roads::wait_for(10, sub { listeners() == 2 }),
     my $node2 = new_conn($port[1]);
 
     send_post($first, '/slow', $key);
-    my $up = upstream_request();
+    my $up = upstream_request($backend);
     ok($up, 'TEST 1: the first request reached the upstream');
 
     ok(duplicate($same, '/slow', $key),
@@ -226,9 +154,9 @@ ok(Roads::wait_for(10, sub { listeners() == 2 }),
     replayed($other, 'TEST 1: other worker');
     replayed($node2, 'TEST 1: other node');
 
-    is(waits(0), 'notified 2, polled 0',
+    is(waits($port[0]), 'notified 2, polled 0',
        'TEST 1: both duplicates of node 1 were woken by the notification');
-    is(waits(1), 'notified 1, polled 0',
+    is(waits($port[1]), 'notified 1, polled 0',
        'TEST 1: the duplicate of node 2 was woken by the notification');
     ok(!IO::Select->new($backend)->can_read(0),
        'TEST 1: the upstream saw the key once');
@@ -244,7 +172,7 @@ ok(Roads::wait_for(10, sub { listeners() == 2 }),
     my $dup = new_conn($port[0]);
 
     send_post($first, '/lossy', $key);
-    my $up = upstream_request();
+    my $up = upstream_request($backend);
     ok($up, 'TEST 2: the first request reached the upstream');
     ok(duplicate($dup, '/lossy', $key), 'TEST 2: a duplicate waits');
 
@@ -254,7 +182,7 @@ ok(Roads::wait_for(10, sub { listeners() == 2 }),
 
     read_response($first, 10);
     replayed($dup, 'TEST 2: without a notification');
-    is(waits(0), 'notified 2, polled 1',
+    is(waits($port[0]), 'notified 2, polled 1',
        'TEST 2: the duplicate was woken by its poll');
 }
 
@@ -266,7 +194,7 @@ ok(Roads::wait_for(10, sub { listeners() == 2 }),
     my $dup = new_conn($port[1]);
 
     send_post($first, '/slow', $key);
-    my $up = upstream_request();
+    my $up = upstream_request($backend);
     ok($up, 'TEST 3: the first request reached the upstream');
     ok(duplicate($dup, '/slow', $key), 'TEST 3: a duplicate waits on node 2');
 
@@ -276,10 +204,43 @@ ok(Roads::wait_for(10, sub { listeners() == 2 }),
     read_response($first, 10);
     # within 10 s: its fallback poll (a minute) did not wake it
     replayed($dup, 'TEST 3: the listener lost');
-    like(waits(1), qr/^notified 1, polled 1$|^notified 2, polled 0$/,
+    like(waits($port[1]), qr/^notified 1, polled 1$|^notified 2, polled 0$/,
          'TEST 3: woken once more, by the quick poll or a notification');
     ok(Roads::wait_for(10, sub { listeners() == 2 }),
        'TEST 3: both listeners subscribed again');
+}
+
+# --- TEST 4: a release wakes the waiter, which then runs -------------------
+
+{
+    my $key = "released-$$";
+    my ($n0, $p0) = waits($port[1]) =~ /(\d+), polled (\d+)/;
+    my $first = new_conn($port[0]);
+    my $dup = new_conn($port[1]);
+
+    send_post($first, '/slow', $key);
+    my $up = upstream_request($backend);
+    ok($up, 'TEST 4: the first request reached the upstream');
+    ok(duplicate($dup, '/slow', $key), 'TEST 4: a duplicate waits on node 2');
+
+    # a 503 is not stored: the claim is released
+    print $up "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 5\r\n"
+              . "Connection: close\r\n\r\nbusy\n";
+    close $up;
+
+    my ($status) = read_response($first, 10);
+    is($status, 503, 'TEST 4: the first request gets its 503');
+
+    # within 10 s: the fallback poll is a minute away
+    my $again = upstream_request($backend);
+    ok($again, 'TEST 4: the duplicate claimed the key and ran');
+    answer($again) if $again;
+
+    my ($st, $head, $body) = read_response($dup, 10);
+    is("$st $body", "201 done\n", 'TEST 4: the duplicate gets its own response');
+    unlike($head, qr/^Idempotent-Replayed:/mi, 'TEST 4: not a replay');
+    is(waits($port[1]), 'notified ' . ($n0 + 1) . ", polled $p0",
+       'TEST 4: the release woke it by a notification');
 }
 
 Roads::stop();

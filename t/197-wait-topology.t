@@ -1,0 +1,223 @@
+# Waiting duplicates woken by a notification behind a Redis Cluster and
+# behind Sentinel: two nginx nodes share each Redis; the first request of a
+# key runs on node 1, its duplicate waits on node 2 with its fallback poll
+# a minute away and gets the replay, woken by the notification (node 2's
+# counter).  In a Cluster the record (and its mark) live on one master
+# while node 2 listens on whichever node its connection is at: PUBLISH
+# reaches every node.  Behind Sentinel node 2 listens at the master.
+#
+# A plain Test::More file with its own Cluster, Sentinel set-up and two
+# nginx, on free loopback ports, stopped by pid; the test is the upstream
+# of the first requests (t/lib/WaitNotify.pm).  Run from the repository
+# root (prove does).
+
+use strict;
+use warnings;
+use Test::More;
+use Digest::SHA ();
+use File::Path ();
+use File::Spec ();
+use File::Temp ();
+
+use lib 't/lib';
+use IdemCluster ();
+use IdemTest ();
+use RedisTopology;
+use Roads ();
+use WaitNotify;
+
+plan skip_all => 'TEST_NGINX_LOAD_MODULES is not set (run via make test)'
+    unless $ENV{TEST_NGINX_LOAD_MODULES};
+plan skip_all => 'redis-server and redis-cli are needed'
+    unless `sh -c 'command -v redis-server && command -v redis-cli'`
+           =~ /redis-cli/;
+
+my $base = -d 'build/test' ? 'build/test' : File::Spec->tmpdir;
+my $dir = File::Spec->rel2abs(File::Temp::tempdir('t197-XXXXXX',
+                                                   DIR => $base));
+chmod 0755, $dir;
+
+my ($topo, $cl);
+my %prefix = (sentinel => "t197s-$$:", cluster => "t197c-$$:");
+my @port = (IdemTest::free_port(), IdemTest::free_port());
+my $backend = backend();
+my $bport = $backend->sockport;
+
+$SIG{INT} = $SIG{TERM} = sub { stop_all(); exit 130 };
+
+$topo = RedisTopology->new(dir => $dir);
+unless ($topo->start) {
+    my $why = $topo->error;
+    stop_all();
+    plan skip_all => "no Sentinel topology: $why";
+}
+
+$cl = IdemCluster->start(3);
+unless ($cl) {
+    stop_all();
+    plan skip_all => "no Redis Cluster: $IdemCluster::Error";
+}
+
+Roads::start_nginx("$dir/n$_", $port[$_], http_conf($_), 1) for 0, 1;
+
+# the data servers of each Redis: where a mark or a subscription may be
+my %servers = (
+    sentinel => sub { $topo->{master_port} },
+    cluster  => sub { map { $cl->port($_) } 0 .. 2 },
+);
+
+for my $loc (qw(sentinel cluster)) {
+    for my $n (0, 1) {
+        ok(Roads::wait_for(30, sub { warm($n, $loc) }),
+           "$loc: node " . ($n + 1) . ' works');
+    }
+    ok(Roads::wait_for(20, sub { listeners($loc) >= 2 }),
+       "$loc: both nodes listen on \"<prefix>done\"");
+}
+
+my $notified = 0;
+
+for my $loc (qw(sentinel cluster)) {
+    my $key = "$loc-$$";
+    my $first = new_conn($port[0]);
+    my $dup = new_conn($port[1]);
+
+    send_post($first, "/$loc", $key);
+    my $up = upstream_request($backend);
+    ok($up, "$loc: the first request reached the upstream");
+
+    send_post($dup, "/$loc", $key);
+    ok(Roads::wait_for(10, sub { marked($loc, $key) }),
+       "$loc: its duplicate waits on node 2");
+
+    answer($up);
+
+    my ($status, undef, $body) = read_response($first, 10);
+    is("$status $body", "201 done\n", "$loc: the first request is answered");
+
+    # within 10 s: the duplicate's fallback poll is a minute away
+    my $head;
+    ($status, $head, $body) = read_response($dup, 10);
+    is("$status $body", "201 done\n", "$loc: the duplicate gets the response");
+    like($head, qr/^Idempotent-Replayed: true\r?$/mi, "$loc: as a replay");
+
+    $notified++;
+    is(waits($port[1]), "notified $notified, polled 0",
+       "$loc: the duplicate was woken by the notification");
+}
+
+for my $n (0, 1) {
+    unlike(Roads::slurp("$dir/n$n/nginx/logs/error.log"),
+           qr/\[(?:alert|crit|emerg)\]/,
+           'node ' . ($n + 1) . ': no alert in the error log');
+}
+
+stop_all();
+File::Path::remove_tree($dir) if Test::More->builder->is_passing;
+done_testing();
+
+
+# --- helpers -------------------------------------------------------------
+
+sub mark {
+    my ($loc, $key) = @_;
+    my $p = $prefix{$loc};
+    return "$p\{$p" . Digest::SHA::sha256_hex('test') . ":$key}:wait";
+}
+
+# the mark of $key is on one of the Redis' data servers
+sub marked {
+    my ($loc, $key) = @_;
+    for my $p ($servers{$loc}->()) {
+        return 1 if RedisTopology::run_cli($p, undef, 'EXISTS',
+                                           mark($loc, $key)) eq '1';
+    }
+    return 0;
+}
+
+# subscribers to "<prefix>done" on the Redis' data servers
+sub listeners {
+    my ($loc) = @_;
+    my $n = 0;
+    for my $p ($servers{$loc}->()) {
+        my (undef, $c) = split /\n/, RedisTopology::run_cli($p, undef,
+                                     'PUBSUB', 'NUMSUB', "$prefix{$loc}done");
+        $n += $c // 0;
+    }
+    return $n;
+}
+
+# a request through node $n's /warm-$loc (its upstream answers at once)
+sub warm {
+    my ($n, $loc) = @_;
+    my $s = new_conn($port[$n]);
+    send_post($s, "/warm-$loc", 'warm-' . int(rand(1e9)));
+    my ($status) = read_response($s, 5);
+    return $status == 201;
+}
+
+sub http_conf {
+    my ($n) = @_;
+
+    my %redis = (
+        sentinel => join(' ', map { "127.0.0.1:$_" }
+                              @{ $topo->{sentinel_ports} })
+                    . ' sentinel=mymaster',
+        cluster  => "127.0.0.1:@{[ $cl->port(0) ]} cluster",
+    );
+
+    my $locations = '';
+
+    for my $loc (sort keys %redis) {
+        my $redis = "idempotency_redis $redis{$loc} prefix=$prefix{$loc} "
+                    . 'timeout=500ms connect_timeout=300ms;';
+        $locations .= <<LOC;
+        location = /$loc {
+            idempotency on;
+            $redis
+            idempotency_wait 120s poll=60s;
+            proxy_read_timeout 120s;
+            proxy_pass http://127.0.0.1:$bport;
+        }
+
+        location = /warm-$loc {
+            idempotency on;
+            $redis
+            idempotency_wait 120s poll=60s;
+            proxy_pass http://127.0.0.1:$port[$n]/backend;
+        }
+
+LOC
+    }
+
+    return <<HTTP;
+    idempotency_scope test;
+
+    server {
+        listen 127.0.0.1:$port[$n];
+
+        location = /status {
+            idempotency_status;
+        }
+
+$locations
+        location = /backend {
+            return 201 "warm\\n";
+        }
+    }
+HTTP
+}
+
+sub stop_all {
+    Roads::stop();
+    $topo->stop if $topo;
+    $cl->stop if $cl;
+    undef $topo;
+    undef $cl;
+}
+
+END {
+    my $status = $?;
+    stop_all();
+    $? = $status;
+}
