@@ -706,7 +706,6 @@ ngx_http_idempotency_time(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     ngx_str_t   *value;
     ngx_msec_t  *msp, ms;
-    ngx_uint_t   zero;
 
     msp = (ngx_msec_t *) (p + cmd->offset);
 
@@ -718,15 +717,13 @@ ngx_http_idempotency_time(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     ms = ngx_parse_time(&value[1], 0);
 
-    /* only "idempotency_wait" may be 0 */
+    /* "idempotency_wait", which may be 0, has its own: wait.c */
 
-    zero = (cmd->offset == offsetof(ngx_http_idempotency_loc_conf_t, wait));
-
-    if (ms == (ngx_msec_t) NGX_ERROR || (ms == 0 && !zero)) {
+    if (ms == (ngx_msec_t) NGX_ERROR || ms == 0) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "invalid time \"%V\" in \"%V\" directive, "
-                           "%s time is expected", &value[1], &cmd->name,
-                           zero ? "0 or a positive" : "a positive");
+                           "a positive time is expected", &value[1],
+                           &cmd->name);
         return NGX_CONF_ERROR;
     }
 

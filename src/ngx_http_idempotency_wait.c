@@ -131,6 +131,9 @@ ngx_http_idempotency_wait_conf(ngx_conf_t *cf, ngx_command_t *cmd,
 
     ilcf->wait = ms;
 
+    /* one directive: its poll= is not inherited apart from its time */
+    ilcf->wait_poll = NGX_HTTP_IDEMPOTENCY_WAIT_POLL;
+
     if (cf->args->nelts == 3) {
         if (ngx_strncmp(value[2].data, "poll=", 5) != 0) {
             ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
