@@ -1015,8 +1015,8 @@ ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx)
     }
 
     if (rc == NGX_OK) {
-        ngx_http_idempotency_wait_notify(ilcf, &ctx->rkey,
-                                         r->connection->log);
+        ngx_http_idempotency_wait_notify(ilcf, &ctx->rkey, script, args,
+                                         more, r->connection->log);
         return NGX_OK;
     }
 
@@ -1054,6 +1054,7 @@ ngx_http_idempotency_settle_handler(void *data, redisReply *reply,
     what = release ? "releasing the claim on" : "storing the response for";
 
     ngx_http_idempotency_hold_settled(info);
+    ngx_http_idempotency_wait_settled(&info->key);
 
     if (!release) {
         ngx_http_idempotency_cache_commit(&info->key, &info->arg,

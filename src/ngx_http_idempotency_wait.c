@@ -32,6 +32,9 @@
 /* messages kept in the ring; more between two reads: every waiter wakes */
 #define NGX_HTTP_IDEMPOTENCY_WAIT_RING      512
 
+/* split stores of a worker whose wake waits for their reply, at most */
+#define NGX_HTTP_IDEMPOTENCY_WAIT_PENDING   256
+
 #define NGX_HTTP_IDEMPOTENCY_WAIT_HASH      NGX_HTTP_IDEMPOTENCY_KEY_HASH_LEN
 
 /* what woke a waiter */
@@ -69,6 +72,14 @@ struct ngx_http_idempotency_waiter_s {
 };
 
 
+/* a split store's wake, sent once the store is done (wait_settled) */
+typedef struct {
+    ngx_queue_t                          queue;
+    ngx_http_idempotency_redis_conf_t   *rcf;
+    ngx_str_t                            key;      /* follows */
+} ngx_http_idempotency_wait_pending_t;
+
+
 static ngx_int_t ngx_http_idempotency_wait_init_zone(
     ngx_shm_zone_t *shm_zone, void *data);
 static ngx_uint_t ngx_http_idempotency_wait_listened(void);
@@ -77,6 +88,8 @@ static void ngx_http_idempotency_wait_mark(ngx_http_idempotency_ctx_t *ctx,
     ngx_http_idempotency_waiter_t *w);
 static void ngx_http_idempotency_wait_marked(void *data, redisReply *reply,
     ngx_uint_t rc);
+static void ngx_http_idempotency_wait_wake_send(
+    ngx_http_idempotency_redis_conf_t *rcf, ngx_str_t *rkey, ngx_log_t *log);
 static void ngx_http_idempotency_wait_sub_handler(void *data,
     ngx_uint_t event, ngx_str_t *msg);
 static void ngx_http_idempotency_wait_check_handler(ngx_event_t *ev);
@@ -97,6 +110,10 @@ static ngx_queue_t                       ngx_http_idempotency_wait_queue;
 static ngx_uint_t                        ngx_http_idempotency_wait_seen;
 static ngx_event_t                       ngx_http_idempotency_wait_timer;
 static ngx_connection_t                  ngx_http_idempotency_wait_dummy;
+
+/* this worker's split stores, their wake due when they are done */
+static ngx_queue_t                       ngx_http_idempotency_wait_pending;
+static ngx_uint_t                        ngx_http_idempotency_wait_npending;
 
 /* worker 0's subscriptions */
 static ngx_http_idempotency_redis_sub_t **ngx_http_idempotency_wait_subs;
@@ -215,6 +232,8 @@ ngx_http_idempotency_wait_init_process(ngx_cycle_t *cycle,
     ngx_http_idempotency_redis_conf_t  **rcfp;
 
     ngx_queue_init(&ngx_http_idempotency_wait_queue);
+    ngx_queue_init(&ngx_http_idempotency_wait_pending);
+    ngx_http_idempotency_wait_npending = 0;
     ngx_http_idempotency_wait_sh = NULL;
     ngx_http_idempotency_wait_nsubs = 0;
 
@@ -293,8 +312,10 @@ ngx_http_idempotency_wait_init_process(ngx_cycle_t *cycle,
 void
 ngx_http_idempotency_wait_exit_process(ngx_cycle_t *cycle)
 {
-    ngx_uint_t                       i;
-    ngx_http_idempotency_wait_sh_t  *sh;
+    ngx_uint_t                            i;
+    ngx_queue_t                          *q, *next;
+    ngx_http_idempotency_wait_sh_t       *sh;
+    ngx_http_idempotency_wait_pending_t  *pw;
 
     (void) cycle;
 
@@ -303,6 +324,20 @@ ngx_http_idempotency_wait_exit_process(ngx_cycle_t *cycle)
     if (sh == NULL) {
         return;
     }
+
+    /* the split stores' wakes not sent: their waiters' poll is the fallback */
+
+    q = ngx_queue_head(&ngx_http_idempotency_wait_pending);
+
+    while (q != ngx_queue_sentinel(&ngx_http_idempotency_wait_pending)) {
+        next = ngx_queue_next(q);
+        pw = ngx_queue_data(q, ngx_http_idempotency_wait_pending_t, queue);
+        ngx_free(pw);
+        q = next;
+    }
+
+    ngx_queue_init(&ngx_http_idempotency_wait_pending);
+    ngx_http_idempotency_wait_npending = 0;
 
     if (ngx_http_idempotency_wait_timer.timer_set) {
         ngx_del_timer(&ngx_http_idempotency_wait_timer);
@@ -657,18 +692,89 @@ ngx_http_idempotency_wait_end(ngx_http_idempotency_ctx_t *ctx)
 
 void
 ngx_http_idempotency_wait_notify(ngx_http_idempotency_loc_conf_t *ilcf,
-    ngx_str_t *rkey, ngx_log_t *log)
+    ngx_str_t *rkey, ngx_uint_t script, ngx_str_t *args, ngx_array_t *more,
+    ngx_log_t *log)
 {
-    u_char                             *p;
-    size_t                              len;
-    ngx_str_t                           mark, args[2];
-    ngx_http_idempotency_redis_conf_t  *rcf;
+    ngx_http_idempotency_wait_pending_t  *pw;
 
     if (ilcf->wait == 0 || ngx_http_idempotency_wait_sh == NULL) {
         return;
     }
 
-    rcf = ilcf->redis;
+    /* a store that may be split (args[1], the record, is large) waits */
+
+    if (more == NULL
+        && (script != NGX_HTTP_IDEMPOTENCY_SCRIPT_STORE
+            || args[1].len < NGX_HTTP_IDEMPOTENCY_REDIS_SPLIT_MIN))
+    {
+        ngx_http_idempotency_wait_wake_send(ilcf->redis, rkey, log);
+        return;
+    }
+
+    /* beyond the bound, the waiters' poll is the fallback */
+
+    if (ngx_http_idempotency_wait_npending
+        >= NGX_HTTP_IDEMPOTENCY_WAIT_PENDING)
+    {
+        return;
+    }
+
+    pw = ngx_alloc(sizeof(ngx_http_idempotency_wait_pending_t) + rkey->len,
+                   log);
+    if (pw == NULL) {
+        return;
+    }
+
+    pw->rcf = ilcf->redis;
+    pw->key.data = (u_char *) (pw + 1);
+    pw->key.len = rkey->len;
+    ngx_memcpy(pw->key.data, rkey->data, rkey->len);
+
+    ngx_queue_insert_tail(&ngx_http_idempotency_wait_pending, &pw->queue);
+    ngx_http_idempotency_wait_npending++;
+}
+
+
+void
+ngx_http_idempotency_wait_settled(ngx_str_t *rkey)
+{
+    ngx_queue_t                          *q;
+    ngx_http_idempotency_wait_pending_t  *pw;
+
+    if (ngx_http_idempotency_wait_npending == 0) {
+        return;
+    }
+
+    for (q = ngx_queue_head(&ngx_http_idempotency_wait_pending);
+         q != ngx_queue_sentinel(&ngx_http_idempotency_wait_pending);
+         q = ngx_queue_next(q))
+    {
+        pw = ngx_queue_data(q, ngx_http_idempotency_wait_pending_t, queue);
+
+        if (pw->key.len == rkey->len
+            && ngx_memcmp(pw->key.data, rkey->data, rkey->len) == 0)
+        {
+            ngx_queue_remove(q);
+            ngx_http_idempotency_wait_npending--;
+
+            ngx_http_idempotency_wait_wake_send(pw->rcf, &pw->key,
+                                                ngx_cycle->log);
+            ngx_free(pw);
+            return;
+        }
+    }
+}
+
+
+/* the wake script: the mark away and, if there was one, the PUBLISH */
+
+static void
+ngx_http_idempotency_wait_wake_send(ngx_http_idempotency_redis_conf_t *rcf,
+    ngx_str_t *rkey, ngx_log_t *log)
+{
+    u_char     *p;
+    size_t      len;
+    ngx_str_t   mark, args[2];
 
     /* the mark's key, the channel and the message, in one block */
 

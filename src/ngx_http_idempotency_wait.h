@@ -40,11 +40,18 @@ void ngx_http_idempotency_wait_decided(ngx_http_idempotency_ctx_t *ctx);
 void ngx_http_idempotency_wait_end(ngx_http_idempotency_ctx_t *ctx);
 
 /*
- * A store or release of rkey was sent: the waiters that marked it, on
- * every node, are told once it is done (behind it on the same connection)
+ * A store or release of rkey was sent (script, args and more as given to
+ * it): the waiters that marked it, on every node, are told once it is
+ * done: behind it on the same connection, or, for a store that may be
+ * split (its head is written after its body), once its reply is in
+ * (wait_settled)
  */
 void ngx_http_idempotency_wait_notify(ngx_http_idempotency_loc_conf_t *ilcf,
-    ngx_str_t *rkey, ngx_log_t *log);
+    ngx_str_t *rkey, ngx_uint_t script, ngx_str_t *args, ngx_array_t *more,
+    ngx_log_t *log);
+
+/* the settle step's reply for rkey is in (or it was given up) */
+void ngx_http_idempotency_wait_settled(ngx_str_t *rkey);
 
 
 #endif /* _NGX_HTTP_IDEMPOTENCY_WAIT_H_INCLUDED_ */

@@ -243,6 +243,33 @@ ok(Roads::wait_for(10, sub { listeners() == 2 }),
        'TEST 4: the release woke it by a notification');
 }
 
+# --- TEST 5: a large record (its head stored after its body) ----------------
+
+{
+    my $key = "large-$$";
+    my $body = join '', map { sprintf "%07d\n", $_ } 1 .. 4096;   # 32 KiB
+    my ($n0, $p0) = waits($port[1]) =~ /(\d+), polled (\d+)/;
+    my $first = new_conn($port[0]);
+    my $dup = new_conn($port[1]);
+
+    send_post($first, '/slow', $key);
+    my $up = upstream_request($backend);
+    ok($up, 'TEST 5: the first request reached the upstream');
+    ok(duplicate($dup, '/slow', $key), 'TEST 5: a duplicate waits on node 2');
+
+    answer($up, $body);
+
+    my ($status, undef, $got) = read_response($first, 10);
+    is($status, 201, 'TEST 5: the first request is answered');
+    my $head;
+    ($status, $head, $got) = read_response($dup, 10);
+    ok($status == 201 && $got eq $body,
+       'TEST 5: the duplicate gets the whole 32 KiB body');
+    like($head, qr/^Idempotent-Replayed: true\r?$/mi, 'TEST 5: a replay');
+    is(waits($port[1]), 'notified ' . ($n0 + 1) . ", polled $p0",
+       'TEST 5: woken by the notification sent once the head was stored');
+}
+
 Roads::stop();
 close $backend;
 

@@ -82,10 +82,13 @@ sub upstream_request {
     return $c;
 }
 
+# answers the first request: 201 with $body (default "done\n")
 sub answer {
-    my ($c) = @_;
+    my ($c, $body) = @_;
+    $body //= "done\n";
     print $c "HTTP/1.1 201 Created\r\nContent-Type: text/plain\r\n"
-             . "Content-Length: 5\r\nConnection: close\r\n\r\ndone\n";
+             . 'Content-Length: ' . length($body) . "\r\n"
+             . "Connection: close\r\n\r\n$body";
     close $c;
 }
 
