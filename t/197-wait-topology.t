@@ -1,10 +1,12 @@
-# Waiting duplicates woken by a notification behind a Redis Cluster and
-# behind Sentinel: two nginx nodes share each Redis; the first request of a
+# Waiting duplicates woken by a notification behind a Redis Cluster,
+# behind Sentinel, and at a server over TLS whose name the workers resolve
+# ("tls resolve"): two nginx nodes share each Redis; the first request of a
 # key runs on node 1, its duplicate waits on node 2 with its fallback poll
 # a minute away and gets the replay, woken by the notification (node 2's
 # counter).  In a Cluster the record (and its mark) live on one master
 # while node 2 listens on whichever node its connection is at: PUBLISH
-# reaches every node.  Behind Sentinel node 2 listens at the master.
+# reaches every node.  Behind Sentinel node 2 listens at the master; over
+# TLS its listener speaks TLS to the address the name resolves to.
 #
 # A plain Test::More file with its own Cluster, Sentinel set-up and two
 # nginx, on free loopback ports, stopped by pid; the test is the upstream
@@ -24,6 +26,7 @@ use IdemCluster ();
 use IdemTest ();
 use RedisTopology;
 use Roads ();
+use TinyDNS;
 use WaitNotify;
 
 plan skip_all => 'TEST_NGINX_LOAD_MODULES is not set (run via make test)'
@@ -37,8 +40,9 @@ my $dir = File::Spec->rel2abs(File::Temp::tempdir('t197-XXXXXX',
                                                    DIR => $base));
 chmod 0755, $dir;
 
-my ($topo, $cl);
-my %prefix = (sentinel => "t197s-$$:", cluster => "t197c-$$:");
+my ($topo, $cl, $dns, $tls_pid, %tls);
+my %prefix = (sentinel => "t197s-$$:", cluster => "t197c-$$:",
+              tls => "t197t-$$:");
 my @port = (IdemTest::free_port(), IdemTest::free_port());
 my $backend = backend();
 my $bport = $backend->sockport;
@@ -58,15 +62,29 @@ unless ($cl) {
     plan skip_all => "no Redis Cluster: $IdemCluster::Error";
 }
 
+$dns = TinyDNS->new(dir => $dir, ttl => 1);
+$dns->set('redis.test' => '127.0.0.1');
+
+# a redis-server over TLS (a plain port too, for redis-cli), certificates
+# of a CA of ours for the name redis.test
+my @locs = qw(sentinel cluster);
+if (tls_redis()) {
+    push @locs, 'tls';
+} else {
+    diag('no TLS case: openssl or a redis-server with TLS is missing');
+}
+
 Roads::start_nginx("$dir/n$_", $port[$_], http_conf($_), 1) for 0, 1;
 
-# the data servers of each Redis: where a mark or a subscription may be
+# the data servers of each Redis (plain ports): where a mark or a
+# subscription may be
 my %servers = (
     sentinel => sub { $topo->{master_port} },
     cluster  => sub { map { $cl->port($_) } 0 .. 2 },
+    tls      => sub { $tls{plain} },
 );
 
-for my $loc (qw(sentinel cluster)) {
+for my $loc (@locs) {
     for my $n (0, 1) {
         ok(Roads::wait_for(30, sub { warm($n, $loc) }),
            "$loc: node " . ($n + 1) . ' works');
@@ -77,7 +95,7 @@ for my $loc (qw(sentinel cluster)) {
 
 my $notified = 0;
 
-for my $loc (qw(sentinel cluster)) {
+for my $loc (@locs) {
     my $key = "$loc-$$";
     my $first = new_conn($port[0]);
     my $dup = new_conn($port[1]);
@@ -156,6 +174,34 @@ sub warm {
     return $status == 201;
 }
 
+sub tls_redis {
+    my $ssl = sub { system("openssl @_ >>'$dir/openssl.log' 2>&1") == 0 };
+    my $ec = '-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes';
+    Roads::write_file("$dir/san.ext",
+                      "subjectAltName=DNS:redis.test,IP:127.0.0.1\n");
+    return 0 unless $ssl->("req -x509 $ec -keyout $dir/ca.key"
+                           . " -out $dir/ca.crt -days 2 -subj /CN=t197-ca")
+        && $ssl->("req $ec -keyout $dir/server.key -out $dir/server.csr"
+                  . " -subj /CN=redis.test")
+        && $ssl->("x509 -req -in $dir/server.csr -CA $dir/ca.crt"
+                  . " -CAkey $dir/ca.key -CAcreateserial -days 2"
+                  . " -extfile $dir/san.ext -out $dir/server.crt");
+    chmod 0644, glob("$dir/*.crt"), glob("$dir/*.key");
+
+    $tls{plain} = IdemTest::free_port();
+    $tls{port} = IdemTest::free_port();
+    $tls_pid = Roads::spawn(sub {
+        open STDOUT, '>>', "$dir/tls-redis.log";
+        open STDERR, '>&', \*STDOUT;
+        exec 'redis-server', '--bind', '127.0.0.1', '--port', $tls{plain},
+             '--tls-port', $tls{port}, '--save', '', '--appendonly', 'no',
+             '--dir', $dir, '--tls-cert-file', "$dir/server.crt",
+             '--tls-key-file', "$dir/server.key",
+             '--tls-ca-cert-file', "$dir/ca.crt", '--tls-auth-clients', 'no';
+    });
+    return Roads::wait_for(10, sub { Roads::port_open($tls{port}) });
+}
+
 sub http_conf {
     my ($n) = @_;
 
@@ -165,6 +211,8 @@ sub http_conf {
                     . ' sentinel=mymaster',
         cluster  => "127.0.0.1:@{[ $cl->port(0) ]} cluster",
     );
+    $redis{tls} = "redis.test:$tls{port} tls resolve"
+                  . " tls_trusted_certificate=$dir/ca.crt" if $tls{port};
 
     my $locations = '';
 
@@ -191,6 +239,8 @@ LOC
     }
 
     return <<HTTP;
+    resolver 127.0.0.1:@{[ $dns->port ]} valid=1s ipv6=off;
+    resolver_timeout 2s;
     idempotency_scope test;
 
     server {
@@ -209,11 +259,18 @@ HTTP
 }
 
 sub stop_all {
+    if ($tls_pid) {
+        kill 'TERM', $tls_pid;
+        Roads::wait_pid($tls_pid, 10);
+        undef $tls_pid;
+    }
     Roads::stop();
     $topo->stop if $topo;
     $cl->stop if $cl;
+    $dns->stop if $dns;
     undef $topo;
     undef $cl;
+    undef $dns;
 }
 
 END {
