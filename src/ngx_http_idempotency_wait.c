@@ -586,9 +586,13 @@ ngx_http_idempotency_wait_mark(ngx_http_idempotency_ctx_t *ctx,
     ngx_str_t  args[3];
     u_char     ttl[NGX_INT64_LEN];
 
-    /* it lives as long as this one may wait; a later waiter renews it */
+    /*
+     * It holds the record key's hash (what the logs name the record by)
+     * and lives as long as this one may wait; a later waiter renews it.
+     */
 
-    ngx_str_set(&args[0], "1");
+    args[0].data = w->hash;
+    args[0].len = NGX_HTTP_IDEMPOTENCY_WAIT_HASH;
     ngx_str_set(&args[1], "PX");
     args[2].data = ttl;
     args[2].len = ngx_sprintf(ttl, "%M", ctx->conf->wait) - ttl;
@@ -607,7 +611,8 @@ ngx_http_idempotency_wait_mark(ngx_http_idempotency_ctx_t *ctx,
 
 /*
  * The reply of a mark or of the wake script: nothing waits for it (the
- * claim behind a mark decides; a waiter's poll is the fallback)
+ * claim behind a mark decides; a waiter's poll is the fallback).  The
+ * first argument of both is the record key's hash.
  */
 
 static void
@@ -625,16 +630,14 @@ ngx_http_idempotency_wait_marked(void *data, redisReply *reply,
     if (info->script == NGX_HTTP_IDEMPOTENCY_SCRIPT_WAIT_MARK) {
         ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0,
                       "idempotency: a waiter's mark was refused (%*s), "
-                      "key_hash=%s: it learns the outcome by its poll",
-                      (size_t) reply->len, reply->str,
-                      ngx_http_idempotency_key_hash(&info->key));
+                      "key_hash=%V: it learns the outcome by its poll",
+                      (size_t) reply->len, reply->str, &info->arg);
 
     } else {
         ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0,
                       "idempotency: the wake script failed (%*s), "
-                      "key_hash=%s: waiters learn the outcome by their poll",
-                      (size_t) reply->len, reply->str,
-                      ngx_http_idempotency_key_hash(&info->key));
+                      "key_hash=%V: waiters learn the outcome by their poll",
+                      (size_t) reply->len, reply->str, &info->arg);
     }
 }
 
@@ -793,11 +796,11 @@ ngx_http_idempotency_wait_wake_send(ngx_http_idempotency_redis_conf_t *rcf,
                                             sizeof("wait") - 1, &mark)
         == NGX_OK)
     {
-        args[0].data = mark.data + mark.len;
-        args[0].len = ngx_sprintf(args[0].data, "%Vdone", &rcf->prefix)
-                      - args[0].data;
-        args[1].data = ngx_http_idempotency_key_hash(rkey);
-        args[1].len = NGX_HTTP_IDEMPOTENCY_WAIT_HASH;
+        args[0].data = ngx_http_idempotency_key_hash(rkey);
+        args[0].len = NGX_HTTP_IDEMPOTENCY_WAIT_HASH;
+        args[1].data = mark.data + mark.len;
+        args[1].len = ngx_sprintf(args[1].data, "%Vdone", &rcf->prefix)
+                      - args[1].data;
 
         /* lost with the connection: the waiters' poll is the fallback */
 
