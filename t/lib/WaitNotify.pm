@@ -1,6 +1,6 @@
 package WaitNotify;
 
-# Helpers of the waiting-duplicate suites (t/196, t/197): raw HTTP/1.1 on
+# Helpers of the waiting-duplicate suites (t/199, t/200): raw HTTP/1.1 on
 # sockets, and an upstream that is the test itself: the first request of a
 # key waits in its backlog until the test answers it, so that duplicates
 # can be seen waiting first (their mark in Redis) without any timing.

@@ -36,13 +36,13 @@ plan skip_all => 'redis-server and redis-cli are needed'
            =~ /redis-cli/;
 
 my $base = -d 'build/test' ? 'build/test' : File::Spec->tmpdir;
-my $dir = File::Spec->rel2abs(File::Temp::tempdir('t197-XXXXXX',
+my $dir = File::Spec->rel2abs(File::Temp::tempdir('t200-XXXXXX',
                                                    DIR => $base));
 chmod 0755, $dir;
 
 my ($topo, $cl, $dns, $tls_pid, %tls);
-my %prefix = (sentinel => "t197s-$$:", cluster => "t197c-$$:",
-              tls => "t197t-$$:");
+my %prefix = (sentinel => "t200s-$$:", cluster => "t200c-$$:",
+              tls => "t200t-$$:");
 my @port = (IdemTest::free_port(), IdemTest::free_port());
 my $backend = backend();
 my $bport = $backend->sockport;
@@ -180,7 +180,7 @@ sub tls_redis {
     Roads::write_file("$dir/san.ext",
                       "subjectAltName=DNS:redis.test,IP:127.0.0.1\n");
     return 0 unless $ssl->("req -x509 $ec -keyout $dir/ca.key"
-                           . " -out $dir/ca.crt -days 2 -subj /CN=t197-ca")
+                           . " -out $dir/ca.crt -days 2 -subj /CN=t200-ca")
         && $ssl->("req $ec -keyout $dir/server.key -out $dir/server.csr"
                   . " -subj /CN=redis.test")
         && $ssl->("x509 -req -in $dir/server.csr -CA $dir/ca.crt"

@@ -32,7 +32,7 @@ use WaitNotify;
 plan skip_all => 'TEST_NGINX_LOAD_MODULES is not set (run via make test)'
     unless $ENV{TEST_NGINX_LOAD_MODULES} && $ENV{TEST_NGINX_REDIS_PORT};
 
-my $prefix = "t196-$$-" . time() . ':';
+my $prefix = "t199-$$-" . time() . ':';
 my @port = (free_port(), free_port());
 
 # the upstream: connections wait in its backlog until the test accepts them
@@ -75,7 +75,7 @@ sub http_conf {
 HTTP
 }
 
-my @dir = (Roads::tempdir('t196-n1'), Roads::tempdir('t196-n2'));
+my @dir = (Roads::tempdir('t199-n1'), Roads::tempdir('t199-n2'));
 Roads::start_nginx($dir[0], $port[0], http_conf($port[0]), 2);
 Roads::start_nginx($dir[1], $port[1], http_conf($port[1]), 1);
 
