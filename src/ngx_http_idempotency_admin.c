@@ -72,6 +72,8 @@ ngx_http_idempotency_admin(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     }
 
     ilcf->admin = 1;
+    ilcf->file = cf->conf_file->file.name.data;
+    ilcf->line = cf->conf_file->line;
     clcf->handler = ngx_http_idempotency_admin_handler;
 
     /* the workers connect to the Redis of this location too */

@@ -98,6 +98,14 @@ static ngx_uint_t ngx_http_idempotency_cache_zones(ngx_shm_zone_t **out,
 static ngx_uint_t  ngx_http_idempotency_cache_tag;
 
 
+/* where "idempotency_cache NAME" names a zone, for nginx -t's errors */
+typedef struct {
+    ngx_shm_zone_t                    *zone;
+    u_char                            *file;
+    ngx_uint_t                         line;
+} ngx_http_idempotency_cache_use_t;
+
+
 /* idempotency_cache_zone NAME:SIZE [max_size=SIZE] */
 
 char *
@@ -126,8 +134,8 @@ ngx_http_idempotency_cache_zone(ngx_conf_t *cf, ngx_command_t *cmd,
 
     if (p == NULL || p == value[1].data) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "invalid zone \"%V\", NAME:SIZE is expected",
-                           &value[1]);
+                           "\"%V\" directive: invalid zone \"%V\", "
+                           "NAME:SIZE is expected", &cmd->name, &value[1]);
         return NGX_CONF_ERROR;
     }
 
@@ -141,7 +149,8 @@ ngx_http_idempotency_cache_zone(ngx_conf_t *cf, ngx_command_t *cmd,
 
     if (n == NGX_ERROR) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "invalid size of zone \"%V\"", &value[1]);
+                           "\"%V\" directive: invalid size of zone "
+                           "\"%V\"", &cmd->name, &value[1]);
         return NGX_CONF_ERROR;
     }
 
@@ -149,8 +158,9 @@ ngx_http_idempotency_cache_zone(ngx_conf_t *cf, ngx_command_t *cmd,
 
     if (size < (size_t) (8 * ngx_pagesize)) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "zone \"%V\" is too small: %uz bytes, at least "
-                           "%uz", &name, size, (size_t) (8 * ngx_pagesize));
+                           "\"%V\" directive: zone \"%V\" is too small: "
+                           "%uz bytes, at least %uz", &cmd->name, &name,
+                           size, (size_t) (8 * ngx_pagesize));
         return NGX_CONF_ERROR;
     }
 
@@ -166,7 +176,8 @@ ngx_http_idempotency_cache_zone(ngx_conf_t *cf, ngx_command_t *cmd,
 
             if (n == NGX_ERROR || n == 0) {
                 ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                                   "invalid max_size \"%V\"", &value[i]);
+                                   "\"%V\" directive: invalid max_size "
+                                   "\"%V\"", &cmd->name, &value[i]);
                 return NGX_CONF_ERROR;
             }
 
@@ -175,14 +186,16 @@ ngx_http_idempotency_cache_zone(ngx_conf_t *cf, ngx_command_t *cmd,
         }
 
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "invalid parameter \"%V\"", &value[i]);
+                           "\"%V\" directive: invalid parameter \"%V\"",
+                           &cmd->name, &value[i]);
         return NGX_CONF_ERROR;
     }
 
     if (max_size > size / 2) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "max_size of zone \"%V\" must be at most half "
-                           "its size", &name);
+                           "\"%V\" directive: max_size of zone \"%V\" "
+                           "must be at most half its size", &cmd->name,
+                           &name);
         return NGX_CONF_ERROR;
     }
 
@@ -194,7 +207,8 @@ ngx_http_idempotency_cache_zone(ngx_conf_t *cf, ngx_command_t *cmd,
 
     if (shm_zone->data) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "duplicate zone \"%V\"", &name);
+                           "\"%V\" directive: duplicate zone \"%V\"",
+                           &cmd->name, &name);
         return NGX_CONF_ERROR;
     }
 
@@ -220,7 +234,9 @@ ngx_http_idempotency_cache(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
     ngx_http_idempotency_loc_conf_t *ilcf = conf;
 
-    ngx_str_t  *value;
+    ngx_str_t                         *value;
+    ngx_http_idempotency_cache_use_t  *use;
+    ngx_http_idempotency_main_conf_t  *imcf;
 
     if (ilcf->cache != NGX_CONF_UNSET_PTR) {
         return "is duplicate";
@@ -241,7 +257,62 @@ ngx_http_idempotency_cache(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         return NGX_CONF_ERROR;
     }
 
+    imcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_idempotency_module);
+
+    if (imcf->cache_uses == NULL) {
+        imcf->cache_uses = ngx_array_create(cf->pool, 4,
+                                   sizeof(ngx_http_idempotency_cache_use_t));
+        if (imcf->cache_uses == NULL) {
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    use = ngx_array_push(imcf->cache_uses);
+    if (use == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    use->zone = ilcf->cache;
+    use->file = cf->conf_file->file.name.data;
+    use->line = cf->conf_file->line;
+
     return NGX_CONF_OK;
+}
+
+
+/*
+ * Once the http block is read, a zone that no idempotency_cache_zone
+ * declared would be nginx's "zero size shared memory zone", which names
+ * neither the directive nor its place: this error names both.
+ */
+
+ngx_int_t
+ngx_http_idempotency_cache_check(ngx_conf_t *cf)
+{
+    ngx_uint_t                         i;
+    ngx_http_idempotency_cache_use_t  *use;
+    ngx_http_idempotency_main_conf_t  *imcf;
+
+    imcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_idempotency_module);
+
+    if (imcf->cache_uses == NULL) {
+        return NGX_OK;
+    }
+
+    use = imcf->cache_uses->elts;
+
+    for (i = 0; i < imcf->cache_uses->nelts; i++) {
+        if (use[i].zone->data == NULL) {
+            ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
+                          "\"idempotency_cache\" directive: zone \"%V\" is "
+                          "not declared by \"idempotency_cache_zone\" in "
+                          "the http block in %s:%ui",
+                          &use[i].zone->shm.name, use[i].file, use[i].line);
+            return NGX_ERROR;
+        }
+    }
+
+    return NGX_OK;
 }
 
 

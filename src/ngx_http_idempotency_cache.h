@@ -29,6 +29,9 @@ char *ngx_http_idempotency_cache_zone(ngx_conf_t *cf, ngx_command_t *cmd,
 char *ngx_http_idempotency_cache(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 
+/* after the http block: every zone named by idempotency_cache is declared */
+ngx_int_t ngx_http_idempotency_cache_check(ngx_conf_t *cf);
+
 /*
  * The record of "rkey" (of the Redis "rcf") when the zone holds it,
  * completed and not expired: NGX_OK and a copy in "pool" in *out;

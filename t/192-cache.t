@@ -517,14 +517,14 @@ at most 16 "idempotency_cache_zone" zones
 
 
 
-=== TEST 14: idempotency_cache of a zone never sized
+=== TEST 14: idempotency_cache of a zone never declared: the error names the directive and its place
 --- config
     location = /t {
         idempotency_cache nowhere;
     }
 --- must_die
---- error_log
-zero size shared memory zone "nowhere"
+--- error_log eval
+qr/"idempotency_cache" directive: zone "nowhere" is not declared by "idempotency_cache_zone" in the http block in \S+nginx\.conf:\d+$/
 
 
 
@@ -533,8 +533,8 @@ zero size shared memory zone "nowhere"
     idempotency_cache_zone small:16k;
 --- config
 --- must_die
---- error_log
-zone "small" is too small
+--- error_log eval
+qr/"idempotency_cache_zone" directive: zone "small" is too small: 16384 bytes, at least \d+ in \S+nginx\.conf:\d+$/
 
 
 
@@ -543,8 +543,8 @@ zone "small" is too small
     idempotency_cache_zone z:64k max_size=64k;
 --- config
 --- must_die
---- error_log
-max_size of zone "z" must be at most half its size
+--- error_log eval
+qr/"idempotency_cache_zone" directive: max_size of zone "z" must be at most half its size in \S+nginx\.conf:\d+$/
 
 
 
