@@ -22,7 +22,6 @@ use IdemTest;
 use Digest::SHA ();
 use IO::Select ();
 use IO::Socket::INET ();
-use POSIX ();
 use Time::HiRes ();
 
 $ENV{TEST_NGINX_REDIS_PORT} ||= 6379;
@@ -214,41 +213,6 @@ sub still_waiting {
     return !IO::Select->new($sock)->can_read(0);
 }
 
-# A one-shot upstream on $TEST_NGINX_FULL_PORT, listening when this
-# returns: it reads one request and answers 201 (naming the request's key)
-# once the file $go exists (a file, not a pipe: the clients forked later
-# would hold a pipe open).  Returns its pid.
-sub held_upstream {
-    my ($go) = @_;
-    my $srv = IO::Socket::INET->new(LocalAddr => '127.0.0.1',
-                                    LocalPort => $ENV{TEST_NGINX_FULL_PORT},
-                                    Listen => 5, ReuseAddr => 1)
-        or die "held upstream: $!\n";
-
-    my $pid = fork();
-    die "fork: $!\n" unless defined $pid;
-
-    if ($pid == 0) {
-        alarm(int(60 * $Slow));
-        my $c = $srv->accept or POSIX::_exit(1);
-        my $req = '';
-        while ($req !~ /\r\n\r\n/) {
-            sysread($c, $req, 4096, length $req) or last;
-        }
-        my ($key) = $req =~ /^Idempotency-Key:\s*(\S+)/mi;
-        Time::HiRes::sleep(0.02) until -e $go;
-        my $body = "stored after Redis had room again (" . ($key // '')
-                   . ")\n";
-        print $c "HTTP/1.1 201 Created\r\nContent-Length: " . length($body)
-                 . "\r\nConnection: close\r\n\r\n$body";
-        close $c;
-        POSIX::_exit(0);
-    }
-
-    close $srv;
-    return $pid;
-}
-
 # Waits until a just started worker has its Redis connection (it is opened
 # asynchronously: under valgrind the first requests can get 503), with
 # POSTs to $uri under keys "warm-N".
@@ -410,7 +374,7 @@ our $ManyConfig = q{
         return 201 '{"id":"$http_idempotency_key","status":"created"}\n';
     }
 
-    # the upstream of TEST 23 (held_upstream): it answers when told to
+    # TEST 23's upstream (IdemTest::held_upstream): it answers when told to
     location = /slow-full {
         access_log logs/error.log exec;
         proxy_pass http://127.0.0.1:$TEST_NGINX_FULL_PORT;
@@ -976,7 +940,12 @@ my $rkey = $::Base . 'many-full';
 main::redis('CONFIG', 'SET', 'maxmemory', 0);
 my $go = "$ENV{TEST_NGINX_SERVER_ROOT}/logs/t100-answer";
 unlink $go;
-my $pid = main::held_upstream($go);
+my $pid = main::held_upstream(
+    port => $ENV{TEST_NGINX_FULL_PORT}, go => $go,
+    body => sub {
+        my ($key) = $_[0] =~ /^Idempotency-Key:\s*(\S+)/mi;
+        return "stored after Redis had room again ($key)\n";
+    });
 main::first_request('/m/full', 'many-full', 0, 0);
 Test::More::ok(main::wait_state($rkey, 'inflight', 10 * $::Slow),
                'claimed before Redis is full');

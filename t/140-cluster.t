@@ -157,35 +157,12 @@ sub keys_on {
 }
 
 # An upstream for one request on $TEST_NGINX_SLOW_PORT that answers 201
-# only once the file "$go" exists (at most 30 s), and writes a line to
-# "$go.runs" per request it got.
+# only once the file "$go" exists, and writes a line to "$go.runs" per
+# request it got (IdemTest::held_upstream)
 sub slow_upstream {
     my ($go) = @_;
-    my $srv = IO::Socket::INET->new(LocalAddr => '127.0.0.1',
-                                    LocalPort => $ENV{TEST_NGINX_SLOW_PORT},
-                                    Listen => 5, ReuseAddr => 1)
-        or die "slow upstream: $!";
-    my $pid = fork();
-    die "fork: $!" unless defined $pid;
-    if ($pid) {
-        close $srv;
-        return $pid;
-    }
-    alarm(40);
-    my $c = $srv->accept or POSIX::_exit(1);
-    my $req = '';
-    while ($req !~ /\r\n\r\n/) {
-        sysread($c, $req, 4096, length $req) or last;
-    }
-    open my $runs, '>>', "$go.runs";
-    print $runs "run\n";
-    close $runs;
-    my $end = time + 30;
-    Time::HiRes::sleep(0.05) while !-e $go && time < $end;
-    print $c "HTTP/1.1 201 Created\r\nContent-Length: 8\r\n"
-             . "Connection: close\r\n\r\ncreated\n";
-    close $c;
-    POSIX::_exit(0);
+    return held_upstream(port => $ENV{TEST_NGINX_SLOW_PORT}, go => $go,
+                         runs => "$go.runs");
 }
 
 sub record_key {

@@ -17,7 +17,7 @@ use POSIX ();
 our @EXPORT = qw($Slow first_request free_port key_hash key_slot redis_cli
                  redis_ctl redis_older redis_pause_all redis_busy_after
                  free_port_on start_redis_on exchange nginx_t_http
-                 conf_line);
+                 conf_line held_upstream);
 
 # under valgrind everything is many times slower: so is our choreography
 our $Slow = $ENV{TEST_NGINX_USE_VALGRIND} ? 6 : 1;
@@ -96,6 +96,51 @@ sub conf_line {
     my $at = index $c, $text;
     return 0 if $at < 0;
     return 1 + (substr($c, 0, $at + length $text) =~ tr/\n//);
+}
+
+# A one-shot upstream of the test's own on 127.0.0.1:$o{port}, listening
+# when this returns: it reads one request's head, adds a line to the file
+# $o{runs} if given, and answers 201 with $o{body} (a string, or a function
+# of the request's head; default "created\n") once the file $o{go} exists
+# (a file, not a pipe: the clients a test forks later would hold a pipe
+# open); it lives at most 60 s (scaled under valgrind).  Returns its pid.
+sub held_upstream {
+    my (%o) = @_;
+
+    my $srv = IO::Socket::INET->new(LocalAddr => '127.0.0.1',
+                                    LocalPort => $o{port}, Listen => 5,
+                                    ReuseAddr => 1)
+        or die "held upstream on port $o{port}: $!\n";
+
+    my $pid = fork();
+    die "fork: $!\n" unless defined $pid;
+
+    if ($pid) {
+        close $srv;
+        return $pid;
+    }
+
+    alarm(int(60 * $Slow));
+
+    my $c = $srv->accept or POSIX::_exit(1);
+    my $req = '';
+    while ($req !~ /\r\n\r\n/) {
+        sysread($c, $req, 4096, length $req) or last;
+    }
+
+    if ($o{runs} && open my $runs, '>>', $o{runs}) {
+        print $runs "run\n";
+        close $runs;
+    }
+
+    select(undef, undef, undef, 0.02) until -e $o{go};
+
+    my $body = ref $o{body} eq 'CODE' ? $o{body}->($req)
+                                      : $o{body} // "created\n";
+    print $c "HTTP/1.1 201 Created\r\nContent-Length: " . length($body)
+             . "\r\nConnection: close\r\n\r\n$body";
+    close $c;
+    POSIX::_exit(0);
 }
 
 # redis-cli against make test's Redis, output without the last newline
