@@ -152,7 +152,7 @@ ngx_http_idempotency_admin_handler(ngx_http_request_t *r)
 
     if (ctx->purge) {
         /* this node's cache at once, whatever Redis answers */
-        ngx_http_idempotency_cache_purge(ilcf->redis, &ctx->rkey);
+        ngx_http_idempotency_cache_purge(&ctx->rkey);
 
         /* the other nodes' caches hear it on "<prefix>purge" */
         args[0].len = ilcf->redis->prefix.len + sizeof("purge") - 1;
@@ -376,6 +376,16 @@ ngx_http_idempotency_admin_reply(void *data, redisReply *reply,
     c = r->connection;
 
     ctx->op = NULL;
+
+    /*
+     * Out of this node's cache again, whatever the answer (a removal that
+     * timed out may have happened): a replay read from Redis between the
+     * first purge and the removal may have filled it
+     */
+
+    if (ctx->purge) {
+        ngx_http_idempotency_cache_purge(&ctx->rkey);
+    }
 
     if (rc != NGX_HTTP_IDEMPOTENCY_REDIS_OK) {
         ngx_log_error(NGX_LOG_ERR, c->log, 0,
