@@ -155,19 +155,9 @@ ngx_http_idempotency_admin_handler(ngx_http_request_t *r)
         ngx_http_idempotency_cache_purge(&ctx->rkey);
 
         /* the other nodes' caches hear it on "<prefix>purge" */
-        args[0].len = ilcf->redis->prefix.len + sizeof("purge") - 1;
-        args[0].data = ngx_pnalloc(r->pool, args[0].len);
-        if (args[0].data == NULL) {
-            return NGX_HTTP_INTERNAL_SERVER_ERROR;
-        }
-
-        ngx_sprintf(args[0].data, "%Vpurge", &ilcf->redis->prefix);
-
-        ctx->op = ngx_http_idempotency_redis_script(ilcf->redis,
-                                   NGX_HTTP_IDEMPOTENCY_SCRIPT_PURGE,
-                                   &ctx->rkey, args, 1,
-                                   ngx_http_idempotency_admin_reply, ctx,
-                                   r->connection->log);
+        ctx->op = ngx_http_idempotency_redis_purge(ilcf->redis, &ctx->rkey,
+                                   r->pool, ngx_http_idempotency_admin_reply,
+                                   ctx, r->connection->log);
 
     } else {
         ngx_str_set(&args[0], ngx_value(NGX_HTTP_IDEMPOTENCY_ADMIN_HEAD));

@@ -75,6 +75,18 @@ is(post('/t', 'k3'), '201 MISS MISS',
    'the key runs again: the entry went with the record');
 
 
+# --- a split record's body goes with it ---------------------------------
+
+like(post('/big', 'k4'), qr/^200 MISS /, 'a 2 MB response runs');
+ok(wait_for(10, sub { chunks('k4') == 2 }), 'stored as a head and two chunks')
+    or diag(join "\n", keys_left('k4'));
+is(admin('/admin', 'DELETE', 'k4'), 204, 'removed through idempotency_admin');
+is(chunks('k4'), 0, 'no chunk of its body is left');
+is(scalar(keys_left('k4')), 0, 'no key of it at all');
+like(post('/big', 'k4'), qr/^200 MISS /, 'the key runs again');
+ok(wait_for(10, sub { chunks('k4') == 2 }), 'and is stored split again');
+
+
 # --- a read answered after the purge: not in the zone -------------------
 
 is(post('/t', 'k7', $port_plain), '201 MISS -',
