@@ -26,6 +26,9 @@
 #include "ngx_http_idempotency_stats.h"
 
 
+/* the largest record a zone takes by default, when it is 512 KiB or more */
+#define NGX_HTTP_IDEMPOTENCY_CACHE_MAX_SIZE  (256 * 1024)
+
 /* entries evicted at most to make room for one */
 #define NGX_HTTP_IDEMPOTENCY_CACHE_EVICT_MAX  64
 
@@ -159,7 +162,7 @@ ngx_http_idempotency_cache_zone(ngx_conf_t *cf, ngx_command_t *cmd,
         return NGX_CONF_ERROR;
     }
 
-    max_size = 256 * 1024;
+    max_size = NGX_CONF_UNSET_SIZE;
 
     for (i = 2; i < cf->args->nelts; i++) {
 
@@ -184,10 +187,16 @@ ngx_http_idempotency_cache_zone(ngx_conf_t *cf, ngx_command_t *cmd,
         return NGX_CONF_ERROR;
     }
 
-    if (max_size > size / 2) {
+    /* by default half the zone when that is less: a small zone is valid */
+
+    if (max_size == NGX_CONF_UNSET_SIZE) {
+        max_size = ngx_min(NGX_HTTP_IDEMPOTENCY_CACHE_MAX_SIZE, size / 2);
+
+    } else if (max_size > size / 2) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "max_size of zone \"%V\" must be at most half "
-                           "its size", &name);
+                           "its size: max_size=%uz or less for %uz bytes",
+                           &name, size / 2, size);
         return NGX_CONF_ERROR;
     }
 
