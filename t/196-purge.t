@@ -238,7 +238,9 @@ sub start_hold_proxy {
     local $SIG{USR1} = sub { $armed = 1 };
     local $SIG{USR2} = sub { $release = 1 };
     local $SIG{PIPE} = 'IGNORE';
-    # never the parent's END blocks
+    # never the parent's handlers nor its END blocks
+    local $SIG{INT} = 'DEFAULT';
+    local $SIG{TERM} = 'DEFAULT';
     local $SIG{__DIE__} = sub { POSIX::_exit(1) };
 
     # (the ready handles held in an array: one closed on the way is not
