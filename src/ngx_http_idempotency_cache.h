@@ -63,10 +63,10 @@ void ngx_http_idempotency_cache_commit(ngx_str_t *rkey, ngx_str_t *fence,
 
 /*
  * The record "rkey" was purged: out of every zone of this node at once,
- * and records read from Redis before now do not enter for a while.
+ * whatever the idempotency_redis that read or stored it, and records read
+ * from Redis before now do not enter for a while.
  */
-void ngx_http_idempotency_cache_purge(ngx_http_idempotency_redis_conf_t *rcf,
-    ngx_str_t *rkey);
+void ngx_http_idempotency_cache_purge(ngx_str_t *rkey);
 
 /*
  * Worker 0 listens for purges published by the other nodes (purge.lua

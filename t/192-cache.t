@@ -538,13 +538,29 @@ qr/"idempotency_cache_zone" directive: zone "small" is too small: 16384 bytes, a
 
 
 
-=== TEST 16: max_size above half the zone
+=== TEST 16: max_size above half the zone: the message says what to write
 --- http_config
     idempotency_cache_zone z:64k max_size=64k;
 --- config
 --- must_die
 --- error_log eval
-qr/"idempotency_cache_zone" directive: max_size of zone "z" must be at most half its size in \S+nginx\.conf:\d+$/
+qr/"idempotency_cache_zone" directive: max_size of zone "z" must be at most half its size: max_size=32768 or less for 65536 bytes in \S+nginx\.conf:\d+$/
+
+
+
+=== TEST 16a: without max_size a small zone is valid: the default is half the zone below 512k
+--- http_config
+    idempotency_cache_zone z:256k;
+    idempotency_cache_zone small:32k;
+--- config
+    location = /t {
+        idempotency_cache z;
+        return 200 "ok\n";
+    }
+--- request
+GET /t
+--- response_body
+ok
 
 
 
