@@ -673,7 +673,7 @@ print $sock "POST /b HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n"
             . "Idempotency-Key: body-chunked-late\r\n"
             . "Transfer-Encoding: chunked\r\n\r\n"
             . "300\r\n" . ('y' x 768) . "\r\n";
-Time::HiRes::sleep(0.3 * $::Slow);
+Test::More::ok(main::nginx_read_all($sock), 'nginx has read the first chunk');
 Test::More::is(main::redis('EXISTS', $::Base . 'body-chunked-late'), 0,
                'no record while the chunked body is being read');
 print $sock "300\r\n" . ('y' x 768) . "\r\n0\r\n\r\n";
@@ -818,9 +818,11 @@ my $sock = main::connect_nginx();
 print $sock "POST /b HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n"
             . "Idempotency-Key: slow-hangup\r\nContent-Length: 100\r\n\r\n"
             . ('z' x 50);
-Time::HiRes::sleep(0.2 * $::Slow);
+Test::More::ok(main::nginx_read_all($sock), 'nginx has read half the body');
 close $sock;
-Time::HiRes::sleep(0.2 * $::Slow);
+Test::More::ok(main::wait_log(qr/client prematurely closed connection.*request: "POST \/b /,
+                              10 * $::Slow),
+               'nginx saw the client go');
 Test::More::is(main::redis('EXISTS', $::Base . 'slow-hangup'), 0,
                'no record after the client went away mid-body');
 --- raw_request eval
