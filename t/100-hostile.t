@@ -193,7 +193,7 @@ sub read_response {
 sub nginx_read_all {
     my ($sock, $secs) = @_;
     my $end = Time::HiRes::time() + ($secs // 10 * $Slow);
-    my $id = sprintf ':%04X [0-9A-F]+:%04X ', $ENV{TEST_NGINX_SERVER_PORT},
+    my $id = sprintf ':%04X [0-9A-F]+:%04X ', $sock->peerport,
                      $sock->sockport;
 
     while (Time::HiRes::time() < $end) {
