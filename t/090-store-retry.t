@@ -150,6 +150,13 @@ sub away_streaks {
 sub redis_back {
     my ($secs) = @_;
     redis_ctl('start');
+    return redis_connected($secs);
+}
+
+# returns once no connection of the worker is away (after a stop or a
+# pause that broke some), false after $secs
+sub redis_connected {
+    my ($secs) = @_;
     my $end = Time::HiRes::time() + $secs;
     while (Time::HiRes::time() < $end) {
         return 1 if away_streaks() == 0;
@@ -328,6 +335,10 @@ Test::More::ok(main::wait_log(qr/"127\.0\.0\.1:\d+" store of key_hash=${\ main::
                'the store found Redis paused and was kept for a retry');
 Test::More::ok(main::wait_state('pause-1', 'done', 30 * $main::Slow),
                'it was stored once Redis went on');
+# every connection the pause broke is back (the retry would get 503 from
+# a worker still in its back-off)
+Test::More::ok(main::redis_connected(30 * $main::Slow),
+               'every connection of the worker is back');
 --- request
 POST /t
 x
