@@ -108,7 +108,15 @@ ngx_http_idempotency_redis_resolve_node(ngx_http_idempotency_redis_conf_t *rcf,
     res->name = *name;
     res->port = port;
     res->resolver = rcf->clcf->resolver;
-    res->timeout = rcf->clcf->resolver_timeout;
+
+    /*
+     * in http{} the core module's own conf is never merged: without
+     * resolver_timeout there it is unset, and a timer of (ngx_msec_t) -1
+     * would end the first query at once; nginx's default then
+     */
+
+    res->timeout = (rcf->clcf->resolver_timeout == NGX_CONF_UNSET_MSEC)
+                   ? 30000 : rcf->clcf->resolver_timeout;
     res->log = node->log;
     res->node = node;
     res->failed = failed;

@@ -20,10 +20,6 @@
 #include "ngx_http_idempotency_redis_tls.h"
 
 
-static ngx_int_t ngx_http_idempotency_redis_tls_names(ngx_conf_t *cf,
-    ngx_http_idempotency_redis_conf_t *rcf);
-
-
 #if (NGX_SSL)
 
 /* in every hiredis from 0.14 to 1.4, exported but in no public header */
@@ -199,9 +195,8 @@ ngx_http_idempotency_redis_tls_check(ngx_conf_t *cf, ngx_command_t *cmd,
 
 #if (NGX_SSL)
 
-    if (ngx_http_idempotency_redis_tls_names(cf, rcf) != NGX_OK) {
-        return NGX_CONF_ERROR;
-    }
+    /* each address's host as the address parser read it */
+    tls->names = rcf->hosts;
 
     if (ngx_http_idempotency_redis_tls_ctx(cf, tls) != NGX_OK) {
         return NGX_CONF_ERROR;
@@ -211,8 +206,6 @@ ngx_http_idempotency_redis_tls_check(ngx_conf_t *cf, ngx_command_t *cmd,
 
 #else
 
-    (void) ngx_http_idempotency_redis_tls_names;
-
     ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                        "\"%V\" directive: \"tls\" needs an nginx built "
                        "with OpenSSL (e.g. --with-http_ssl_module)",
@@ -220,74 +213,6 @@ ngx_http_idempotency_redis_tls_check(ngx_conf_t *cf, ngx_command_t *cmd,
     return NGX_CONF_ERROR;
 
 #endif
-}
-
-
-/*
- * The host of every address as written (a name, not the address it was
- * resolved to): what is sent and checked by default.
- */
-
-static ngx_int_t
-ngx_http_idempotency_redis_tls_names(ngx_conf_t *cf,
-    ngx_http_idempotency_redis_conf_t *rcf)
-{
-    u_char      *p;
-    ngx_str_t   *value, *name, host;
-    ngx_url_t    u;
-    ngx_uint_t   i;
-
-    value = cf->args->elts;
-
-    if (ngx_array_init(&rcf->tls->names, cf->pool, 1, sizeof(ngx_str_t))
-        != NGX_OK)
-    {
-        return NGX_ERROR;
-    }
-
-    for (i = 1; i < cf->args->nelts; i++) {
-
-        if (ngx_strlchr(value[i].data, value[i].data + value[i].len, '=')
-            != NULL
-            || ngx_strcmp(value[i].data, "cluster") == 0
-            || ngx_strcmp(value[i].data, "tls") == 0)
-        {
-            continue;
-        }
-
-        ngx_memzero(&u, sizeof(ngx_url_t));
-
-        u.url = value[i];
-        u.default_port = 6379;
-        u.no_resolve = 1;
-
-        if (ngx_parse_url(cf->pool, &u) != NGX_OK) {
-            return NGX_ERROR;
-        }
-
-        host = u.host;
-
-        if (host.len > 1 && host.data[0] == '[') {
-            host.data++;
-            host.len -= 2;
-        }
-
-        p = ngx_pnalloc(cf->pool, host.len + 1);
-        if (p == NULL) {
-            return NGX_ERROR;
-        }
-
-        name = ngx_array_push(&rcf->tls->names);
-        if (name == NULL) {
-            return NGX_ERROR;
-        }
-
-        name->data = p;
-        name->len = host.len;
-        ngx_cpystrn(p, host.data, host.len + 1);
-    }
-
-    return NGX_OK;
 }
 
 
