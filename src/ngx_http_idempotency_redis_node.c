@@ -239,14 +239,17 @@ ngx_http_idempotency_redis_node_attach(ngx_http_idempotency_redis_node_t *node,
 
 #if (NGX_SSL)
     if (rcf->tls) {
-        /* a single server is checked against its name as configured */
+        /*
+         * a single server is checked against its name as configured;
+         * nginx's SSL lines follow the streak: the first failure's only
+         */
 
         c = ngx_http_idempotency_redis_tls_attach(ac, rcf->tls,
                            rcf->mode == NGX_HTTP_IDEMPOTENCY_REDIS_SINGLE
                            ? NULL : host,
                            node->tls_session,
                            ngx_http_idempotency_redis_tls_save_session,
-                           node->log);
+                           &node->name, node->failures > 0, node->log);
         if (c) {
             c->read->handler = ngx_http_idempotency_redis_read_handler;
         }
@@ -716,10 +719,29 @@ ngx_http_idempotency_redis_connect_timeout_handler(ngx_event_t *ev)
 {
     ngx_http_idempotency_redis_node_t  *node = ev->data;
 
+    const char  *reason;
+
+    reason = "timed out";
+
+    /*
+     * TCP connected, TLS not up: a server that does not speak TLS there
+     * (Redis's plain port waits for a line that a ClientHello never ends)
+     * answers nothing, and the operator should hear what that means
+     */
+
+    if (node->state == NGX_HTTP_IDEMPOTENCY_REDIS_CONNECTING
+        && node->conf->tls && node->ac
+        && (node->ac->c.flags & REDIS_CONNECTED))
+    {
+        reason = "timed out in the TLS handshake, the server never "
+                 "answered it (a port without TLS, such as Redis's "
+                 "plain port?)";
+    }
+
     ngx_http_idempotency_redis_node_drop(node,
                           node->state == NGX_HTTP_IDEMPOTENCY_REDIS_CONNECTING
                           ? "connect failed" : "handshake failed",
-                          "timed out");
+                          reason);
 }
 
 

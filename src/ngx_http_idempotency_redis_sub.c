@@ -39,6 +39,7 @@ struct ngx_http_idempotency_redis_sub_s {
     in_port_t                            port;
     /* for logs: host:port or unix:path, never the directive's text */
     u_char                               where[NGX_SOCKADDR_STRLEN + 16];
+    ngx_str_t                            peer;       /* where, for SSL */
     ngx_event_t                          timer;
     ngx_uint_t                           failures;   /* in a row */
     unsigned                             subscribed:1;
@@ -178,8 +179,13 @@ ngx_http_idempotency_redis_sub_connect(ngx_http_idempotency_redis_sub_t *sub)
 
 #if (NGX_SSL)
     if (rcf->tls) {
+        sub->peer.data = sub->where;
+        sub->peer.len = ngx_strlen(sub->where);
+
         c = ngx_http_idempotency_redis_tls_attach(ac, rcf->tls, name, NULL,
-                                                  NULL, sub->log);
+                                                  NULL, &sub->peer,
+                                                  sub->failures > 0,
+                                                  sub->log);
         if (c) {
             c->write->handler = ngx_http_idempotency_redis_sub_write;
         }

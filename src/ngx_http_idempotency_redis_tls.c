@@ -52,6 +52,8 @@ static void ngx_http_idempotency_redis_tls_write_handler(ngx_event_t *wev);
 static void ngx_http_idempotency_redis_tls_add_write(void *privdata);
 static void ngx_http_idempotency_redis_tls_noop(void *privdata);
 static void ngx_http_idempotency_redis_tls_cleanup(void *privdata);
+static u_char *ngx_http_idempotency_redis_tls_log(ngx_log_t *log,
+    u_char *buf, size_t len);
 
 
 static int  ngx_http_idempotency_redis_tls_index = -1;
@@ -295,9 +297,10 @@ ngx_connection_t *
 ngx_http_idempotency_redis_tls_attach(redisAsyncContext *ac,
     ngx_http_idempotency_redis_tls_t *tls, const char *name,
     ngx_ssl_session_t *session, ngx_connection_handler_pt save,
-    ngx_log_t *log)
+    ngx_str_t *peer, ngx_uint_t quiet, ngx_log_t *log)
 {
     ngx_int_t                               event;
+    ngx_log_t                              *clog;
     ngx_connection_t                       *c;
     ngx_http_idempotency_redis_tls_conn_t  *tc;
 
@@ -312,12 +315,45 @@ ngx_http_idempotency_redis_tls_attach(redisAsyncContext *ac,
         return NULL;
     }
 
+    /*
+     * The connection's own log, as nginx gives each client connection
+     * one: nginx's SSL layer writes its lines there (SSL_do_handshake(),
+     * SSL_read() failed), named after the peer.  As for nginx's upstream
+     * connections, the reasons nginx counts as the peer's go at "error";
+     * in a streak of failures whose first was logged nothing is written:
+     * the caller logs each streak once, and a server that breaks every
+     * handshake must not get a line per reconnect.  nginx writes some
+     * reasons at "crit" whatever c->log_error says (a client certificate
+     * the server requires, with TLSv1.3): hence a level, not only
+     * log_error.  With debug logging everything stays.
+     */
+
+    clog = ngx_palloc(c->pool, sizeof(ngx_log_t));
+    if (clog == NULL) {
+        ngx_destroy_pool(c->pool);
+        c->fd = (ngx_socket_t) -1;
+        ngx_free_connection(c);
+        return NULL;
+    }
+
+    *clog = *log;
+    clog->handler = ngx_http_idempotency_redis_tls_log;
+    clog->data = peer;
+    clog->action = "TLS handshaking";
+
+    if (quiet && (clog->log_level & NGX_LOG_DEBUG_ALL) == 0) {
+        clog->log_level = ngx_min(clog->log_level, NGX_LOG_ALERT);
+    }
+
+    c->log = clog;
+    c->pool->log = clog;
+
     c->data = ac;
     c->read->handler = ngx_http_idempotency_redis_tls_read_handler;
     c->write->handler = ngx_http_idempotency_redis_tls_write_handler;
-    c->read->log = log;
-    c->write->log = log;
-    c->log_error = NGX_ERROR_ERR;
+    c->read->log = clog;
+    c->write->log = clog;
+    c->log_error = quiet ? NGX_ERROR_INFO : NGX_ERROR_ERR;
     c->number = ngx_atomic_fetch_add(ngx_connection_counter, 1);
 
     c->recv = ngx_recv;
@@ -722,6 +758,7 @@ ngx_http_idempotency_redis_tls_handshaked(ngx_connection_t *c)
                           ? "resumed" : "new");
 
     tc->up = 1;
+    c->log->action = NULL;
 
     if (ac->onConnect) {
         ac->onConnect(ac, REDIS_OK);
@@ -888,6 +925,32 @@ ngx_http_idempotency_redis_tls_cleanup(void *privdata)
 
     ac->c.fd = -1;
     ac->ev.data = NULL;
+}
+
+
+
+/* the lines nginx's SSL layer writes name the Redis connection */
+
+static u_char *
+ngx_http_idempotency_redis_tls_log(ngx_log_t *log, u_char *buf, size_t len)
+{
+    u_char     *p;
+    ngx_str_t  *peer;
+
+    p = buf;
+
+    if (log->action) {
+        p = ngx_snprintf(p, len, " while %s", log->action);
+        len -= p - buf;
+    }
+
+    peer = log->data;
+
+    if (peer) {
+        p = ngx_snprintf(p, len, ", redis: \"%V\"", peer);
+    }
+
+    return p;
 }
 
 #endif

@@ -52,11 +52,16 @@ char *ngx_http_idempotency_redis_tls_check(ngx_conf_t *cf,
  * the first configured address's host).  session: to resume, or NULL;
  * save: called with every new session of the connection, or NULL.  The
  * caller sets the event handlers, which call the two below.
+ * peer: the connection's name in nginx's own SSL lines (never the
+ * directive's text), living as long as the connection; quiet: those lines
+ * are not written (a later failure of a streak whose first one was
+ * logged), else as nginx's upstream connections write them.
  */
 ngx_connection_t *ngx_http_idempotency_redis_tls_attach(
     redisAsyncContext *ac, ngx_http_idempotency_redis_tls_t *tls,
     const char *name, ngx_ssl_session_t *session,
-    ngx_connection_handler_pt save, ngx_log_t *log);
+    ngx_connection_handler_pt save, ngx_str_t *peer, ngx_uint_t quiet,
+    ngx_log_t *log);
 
 /* save_session of a node's connection: the node resumes it next time */
 void ngx_http_idempotency_redis_tls_save_session(ngx_connection_t *c);

@@ -129,7 +129,7 @@ static void ngx_http_idempotency_sentinel_close_sub(
 static redisAsyncContext *ngx_http_idempotency_sentinel_connect(
     ngx_http_idempotency_sentinel_t *s,
     ngx_http_idempotency_sentinel_addr_t *addr, redisCallbackFn *fn,
-    void *data, ngx_event_handler_pt read);
+    void *data, ngx_event_handler_pt read, ngx_uint_t quiet);
 static void ngx_http_idempotency_sentinel_query_read(ngx_event_t *rev);
 static void ngx_http_idempotency_sentinel_sub_read(ngx_event_t *rev);
 
@@ -367,7 +367,7 @@ ngx_http_idempotency_sentinel_send(ngx_http_idempotency_sentinel_t *s)
 
     ac = ngx_http_idempotency_sentinel_connect(s, addr,
                                  ngx_http_idempotency_sentinel_query_reply, s,
-                                 ngx_http_idempotency_sentinel_query_read);
+                                 ngx_http_idempotency_sentinel_query_read, 0);
     if (ac == NULL) {
         return NGX_ERROR;
     }
@@ -606,7 +606,8 @@ ngx_http_idempotency_sentinel_subscribe(
     ac = ngx_http_idempotency_sentinel_connect(s, addr,
                                        ngx_http_idempotency_sentinel_sub_reply,
                                        sub,
-                                       ngx_http_idempotency_sentinel_sub_read);
+                                       ngx_http_idempotency_sentinel_sub_read,
+                                       sub->failures > 0);
     if (ac == NULL) {
         ngx_http_idempotency_sentinel_resubscribe(sub, "cannot connect");
         return;
@@ -938,10 +939,12 @@ ngx_http_idempotency_sentinel_close_sub(
 
 /* a context on nginx events, with AUTH queued if the sentinels want it */
 
+/* quiet: nginx's own SSL lines are not written (ngx_..._redis_tls.h) */
+
 static redisAsyncContext *
 ngx_http_idempotency_sentinel_connect(ngx_http_idempotency_sentinel_t *s,
     ngx_http_idempotency_sentinel_addr_t *addr, redisCallbackFn *fn,
-    void *data, ngx_event_handler_pt read)
+    void *data, ngx_event_handler_pt read, ngx_uint_t quiet)
 {
     int                                 argc;
     size_t                              argvlen[3];
@@ -980,11 +983,12 @@ ngx_http_idempotency_sentinel_connect(ngx_http_idempotency_sentinel_t *s,
 
         c = ngx_http_idempotency_redis_tls_attach(ac, rcf->tls,
                                   (const char *) names[addr - s->addrs].data,
-                                  NULL, NULL, s->log);
+                                  NULL, NULL, &addr->name, quiet, s->log);
 
     } else
 #endif
     {
+        (void) quiet;
         c = ngx_http_idempotency_redis_attach(ac, s->log);
     }
 
