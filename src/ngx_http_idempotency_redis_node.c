@@ -515,6 +515,13 @@ ngx_http_idempotency_redis_ready(ngx_http_idempotency_redis_node_t *node)
                       "after %ui failed attempts",
                       &node->name, node->failures);
 
+#if (NGX_SSL)
+        /* the streak ended: this connection's next failure starts one */
+        if (node->conf->tls && node->ac && node->ac->ev.data) {
+            ngx_http_idempotency_redis_tls_quiet(node->ac->ev.data, 0);
+        }
+#endif
+
     } else {
         ngx_log_debug1(NGX_LOG_DEBUG_HTTP, node->log, 0,
                        "idempotency redis: \"%V\" ready", &node->name);

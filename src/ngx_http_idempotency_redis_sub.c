@@ -336,6 +336,13 @@ ngx_http_idempotency_redis_sub_reply(redisAsyncContext *ac, void *r,
             ngx_log_error(NGX_LOG_NOTICE, sub->log, 0,
                           "idempotency: subscribed to \"%V\" at %s again",
                           sub->channel, sub->where);
+
+#if (NGX_SSL)
+            /* the streak ended: nginx's SSL lines are written again */
+            if (sub->conf->tls && ac->ev.data) {
+                ngx_http_idempotency_redis_tls_quiet(ac->ev.data, 0);
+            }
+#endif
         }
 
         sub->subscribed = 1;

@@ -31,6 +31,7 @@ typedef struct {
     ngx_event_handler_pt   read;    /* the caller's, put back after */
     ngx_event_handler_pt   write;   /* the handshake */
     ngx_flag_t             verify;
+    ngx_uint_t             level;   /* of the log it was given */
     unsigned               up:1;    /* hiredis heard of the connect */
 } ngx_http_idempotency_redis_tls_conn_t;
 
@@ -341,10 +342,6 @@ ngx_http_idempotency_redis_tls_attach(redisAsyncContext *ac,
     clog->data = peer;
     clog->action = "TLS handshaking";
 
-    if (quiet && (clog->log_level & NGX_LOG_DEBUG_ALL) == 0) {
-        clog->log_level = ngx_min(clog->log_level, NGX_LOG_ALERT);
-    }
-
     c->log = clog;
     c->pool->log = clog;
 
@@ -353,7 +350,6 @@ ngx_http_idempotency_redis_tls_attach(redisAsyncContext *ac,
     c->write->handler = ngx_http_idempotency_redis_tls_write_handler;
     c->read->log = clog;
     c->write->log = clog;
-    c->log_error = quiet ? NGX_ERROR_INFO : NGX_ERROR_ERR;
     c->number = ngx_atomic_fetch_add(ngx_connection_counter, 1);
 
     c->recv = ngx_recv;
@@ -367,6 +363,7 @@ ngx_http_idempotency_redis_tls_attach(redisAsyncContext *ac,
     }
 
     tc->verify = tls->verify;
+    tc->level = log->log_level;
 
     if (ngx_ssl_create_connection(tls->ssl, c,
                                   NGX_SSL_BUFFER|NGX_SSL_CLIENT)
@@ -382,6 +379,8 @@ ngx_http_idempotency_redis_tls_attach(redisAsyncContext *ac,
         ngx_ssl_error(NGX_LOG_ALERT, log, 0, "SSL_set_ex_data() failed");
         goto failed;
     }
+
+    ngx_http_idempotency_redis_tls_quiet(c, quiet);
 
     if (ngx_http_idempotency_redis_tls_name(c, tls, name) != NGX_OK) {
         goto failed;
@@ -927,6 +926,27 @@ ngx_http_idempotency_redis_tls_cleanup(void *privdata)
     ac->ev.data = NULL;
 }
 
+
+
+/*
+ * nginx's SSL lines of the connection written (as for nginx's upstream
+ * connections) or not (quiet), from now on; see tls_attach()
+ */
+
+void
+ngx_http_idempotency_redis_tls_quiet(ngx_connection_t *c, ngx_uint_t quiet)
+{
+    ngx_http_idempotency_redis_tls_conn_t  *tc;
+
+    tc = ngx_http_idempotency_redis_tls_conn(c);
+
+    c->log->log_level = tc->level;
+    c->log_error = quiet ? NGX_ERROR_INFO : NGX_ERROR_ERR;
+
+    if (quiet && (tc->level & NGX_LOG_DEBUG_ALL) == 0) {
+        c->log->log_level = ngx_min(tc->level, NGX_LOG_ALERT);
+    }
+}
 
 
 /* the lines nginx's SSL layer writes name the Redis connection */

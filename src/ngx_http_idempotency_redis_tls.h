@@ -63,6 +63,13 @@ ngx_connection_t *ngx_http_idempotency_redis_tls_attach(
     ngx_connection_handler_pt save, ngx_str_t *peer, ngx_uint_t quiet,
     ngx_log_t *log);
 
+/*
+ * From now on nginx's SSL lines of the connection c (made by tls_attach())
+ * are written as by tls_attach() with "quiet" (0: a streak ended)
+ */
+void ngx_http_idempotency_redis_tls_quiet(ngx_connection_t *c,
+    ngx_uint_t quiet);
+
 /* save_session of a node's connection: the node resumes it next time */
 void ngx_http_idempotency_redis_tls_save_session(ngx_connection_t *c);
 

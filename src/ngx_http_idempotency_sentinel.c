@@ -733,6 +733,13 @@ ngx_http_idempotency_sentinel_sub_reply(redisAsyncContext *ac, void *r,
             ngx_log_error(NGX_LOG_INFO, s->log, 0,
                           "idempotency sentinel: events from %V again",
                           &s->addrs[sub->index].name);
+
+#if (NGX_SSL)
+            /* the streak ended: nginx's SSL lines are written again */
+            if (s->conf->tls && ac->ev.data) {
+                ngx_http_idempotency_redis_tls_quiet(ac->ev.data, 0);
+            }
+#endif
         }
 
         sub->subscribed = 1;
