@@ -142,11 +142,16 @@ ngx_http_idempotency_redis_node_create(ngx_http_idempotency_redis_conf_t *rcf,
      */
 
     if (name) {
-        node->name = *name;
+        if (ngx_http_idempotency_redis_conn_name(pool, rcf, name,
+                                                 &node->name)
+            != NGX_OK)
+        {
+            return NULL;
+        }
 
     } else {
         p = ngx_pnalloc(pool, host->len + rcf->unix_path.len
-                              + sizeof("unix:") + NGX_INT_T_LEN);
+                              + sizeof("tls://unix:") + NGX_INT_T_LEN);
         if (p == NULL) {
             return NULL;
         }
@@ -157,7 +162,8 @@ ngx_http_idempotency_redis_node_create(ngx_http_idempotency_redis_conf_t *rcf,
             p = ngx_sprintf(p, "unix:%V", &rcf->unix_path);
 
         } else {
-            p = ngx_sprintf(p, "%V:%d", host, (int) port);
+            p = ngx_sprintf(p, "%s%V:%d", rcf->tls ? "tls://" : "", host,
+                            (int) port);
         }
 
         node->name.len = p - node->name.data;
@@ -179,6 +185,34 @@ ngx_http_idempotency_redis_node_create(ngx_http_idempotency_redis_conf_t *rcf,
     ngx_queue_init(&node->doomed);
 
     return node;
+}
+
+
+/*
+ * A TLS connection's name in logs and in the status is its address after
+ * "tls://": a TLS and a plain connection to one address tell apart
+ */
+
+ngx_int_t
+ngx_http_idempotency_redis_conn_name(ngx_pool_t *pool,
+    ngx_http_idempotency_redis_conf_t *rcf, ngx_str_t *name, ngx_str_t *out)
+{
+    u_char  *p;
+
+    if (rcf->tls == NULL) {
+        *out = *name;
+        return NGX_OK;
+    }
+
+    p = ngx_pnalloc(pool, sizeof("tls://") - 1 + name->len);
+    if (p == NULL) {
+        return NGX_ERROR;
+    }
+
+    out->data = p;
+    out->len = ngx_sprintf(p, "tls://%V", name) - p;
+
+    return NGX_OK;
 }
 
 

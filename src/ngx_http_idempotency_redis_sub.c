@@ -155,8 +155,8 @@ ngx_http_idempotency_redis_sub_connect(ngx_http_idempotency_redis_sub_t *sub)
         sub->node = node;
         ngx_cpystrn(sub->host, (u_char *) host, NGX_SOCKADDR_STRLEN);
         sub->port = port;
-        ngx_snprintf(sub->where, sizeof(sub->where) - 1, "%s:%d%Z",
-                     sub->host, (int) port);
+        ngx_snprintf(sub->where, sizeof(sub->where) - 1, "%s%s:%d%Z",
+                     rcf->tls ? "tls://" : "", sub->host, (int) port);
 
         ac = redisAsyncConnect((const char *) sub->host, port);
     }

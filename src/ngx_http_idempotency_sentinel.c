@@ -180,7 +180,12 @@ ngx_http_idempotency_sentinel_create(ngx_pool_t *pool,
     for (i = 0; i < s->naddrs; i++) {
         sa = &s->addrs[i];
 
-        sa->name = addr[i].name;
+        if (ngx_http_idempotency_redis_conn_name(pool, rcf, &addr[i].name,
+                                                 &sa->name)
+            != NGX_OK)
+        {
+            return NULL;
+        }
         len = ngx_sock_ntop(addr[i].sockaddr, addr[i].socklen, sa->host,
                             NGX_HTTP_IDEMPOTENCY_SENTINEL_HOST_LEN, 0);
         sa->host[len] = '\0';

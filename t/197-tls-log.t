@@ -135,10 +135,20 @@ Roads::start_nginx($dir, $port, <<HTTP, 1);
             return 201;
         }
 
+        location = /status {
+            idempotency_status;
+        }
+
         location = /plain {
             idempotency on;
             idempotency_redis 127.0.0.1:$pport tls tls_trusted_certificate=$ca
                               prefix=t197: connect_timeout=300ms;
+            return 201;
+        }
+
+        location = /plain-no-tls {
+            idempotency on;
+            idempotency_redis 127.0.0.1:$pport prefix=t197:;
             return 201;
         }
     }
@@ -155,7 +165,8 @@ ok(Roads::wait_for(90, sub { refused() >= 6 }),
     or diag(Roads::slurp($log));
 ok(Roads::wait_for(90, sub { (Roads::slurp("$dir/breaker.count") || 0) >= 6 }),
    'and the server that breaks handshakes 6 times');
-ok(Roads::wait_for(90, sub { module_tries($pport) >= 6 }),
+# (the plain server also has the connection of /plain-no-tls, one)
+ok(Roads::wait_for(90, sub { module_tries($pport) >= 7 }),
    'and the plain port 6 times');
 
 my $text = Roads::slurp($log);
@@ -167,18 +178,32 @@ cmp_ok(scalar @ssl, '<=', 2,
        . 'reconnect')
     or diag(join "\n", @ssl[0 .. ($#ssl > 7 ? 7 : $#ssl)]);
 # the server's alert may come before or after the module's first write
-is(scalar(grep { /redis: "[^"]*127\.0\.0\.1:$tport"/ } @ssl), 1,
+is(scalar(grep { /redis: "tls:\/\/127\.0\.0\.1:$tport"/ } @ssl), 1,
    'the missing client certificate is logged once, naming its Redis');
-is(scalar(grep { /redis: "[^"]*127\.0\.0\.1:$bport"/ } @ssl), 1,
+is(scalar(grep { /redis: "tls:\/\/127\.0\.0\.1:$bport"/ } @ssl), 1,
    'the broken handshake is logged once, naming its Redis');
 
-my $mod = () = $text =~ /idempotency redis: "[^"]*127\.0\.0\.1:$tport" /g;
-is($mod, 1, 'and the module logs that streak once');
+my $mod = () = $text =~ /idempotency redis: "tls:\/\/127\.0\.0\.1:$tport" /g;
+is($mod, 1, 'and the module logs that streak once, naming it with "tls://"');
 
-like($text, qr/"[^"]*127\.0\.0\.1:$pport" connect failed: timed out in the TLS handshake, the server never answered it \(a port without TLS/,
+like($text, qr/"tls:\/\/127\.0\.0\.1:$pport" connect failed: timed out in the TLS handshake, the server never answered it \(a port without TLS/,
      'TLS to a plain port: the line says the handshake got no answer');
-my $plain = () = $text =~ /"[^"]*127\.0\.0\.1:$pport" connect failed/g;
+my $plain = () = $text =~ /"tls:\/\/127\.0\.0\.1:$pport" connect failed/g;
 is($plain, 1, 'once per streak');
+
+# a TLS and a plain connection to one address: told apart in the status
+my $status = '';
+Roads::wait_for(20, sub {
+    $status = IdemTest::exchange($port, "GET /status?format=json HTTP/1.0\r\n"
+                                        . "Host: localhost\r\n\r\n");
+    $status =~ /"redis": "127\.0\.0\.1:$pport", "connection": "main", "ready": true/;
+});
+like($status, qr/"redis": "tls:\/\/127\.0\.0\.1:$pport", "connection": "main", "ready": false/,
+     'the status names the TLS connection with "tls://"');
+like($status, qr/"redis": "127\.0\.0\.1:$pport", "connection": "main", "ready": true/,
+     'and the plain one to the same address without');
+unlike($text, qr/"127\.0\.0\.1:(?:$tport|$bport|$pport)" (?:connect failed|connection lost)/,
+       'no TLS connection is named without its scheme');
 
 unlike($text, qr/\[(?:alert|emerg)\]/, 'no alert');
 
