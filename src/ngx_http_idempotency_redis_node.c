@@ -902,6 +902,10 @@ ngx_http_idempotency_redis_handshake_step(
         if (ngx_http_idempotency_redis_upcalls) {
             ngx_http_idempotency_redis_upcalls->ready(node);
         }
+
+        if (node->place && node->place->ready && node->ac) {
+            node->place->ready(node->place_data, node);
+        }
     }
 }
 
