@@ -142,8 +142,8 @@ ngx_http_idempotency_redis_node_create(ngx_http_idempotency_redis_conf_t *rcf,
      */
 
     if (name) {
-        if (ngx_http_idempotency_redis_conn_name(pool, rcf, name,
-                                                 &node->name)
+        if (ngx_http_idempotency_redis_tls_conn_name(pool, rcf, name,
+                                                     &node->name)
             != NGX_OK)
         {
             return NULL;
@@ -185,34 +185,6 @@ ngx_http_idempotency_redis_node_create(ngx_http_idempotency_redis_conf_t *rcf,
     ngx_queue_init(&node->doomed);
 
     return node;
-}
-
-
-/*
- * A TLS connection's name in logs and in the status is its address after
- * "tls://": a TLS and a plain connection to one address tell apart
- */
-
-ngx_int_t
-ngx_http_idempotency_redis_conn_name(ngx_pool_t *pool,
-    ngx_http_idempotency_redis_conf_t *rcf, ngx_str_t *name, ngx_str_t *out)
-{
-    u_char  *p;
-
-    if (rcf->tls == NULL) {
-        *out = *name;
-        return NGX_OK;
-    }
-
-    p = ngx_pnalloc(pool, sizeof("tls://") - 1 + name->len);
-    if (p == NULL) {
-        return NGX_ERROR;
-    }
-
-    out->data = p;
-    out->len = ngx_sprintf(p, "tls://%V", name) - p;
-
-    return NGX_OK;
 }
 
 
@@ -764,19 +736,10 @@ ngx_http_idempotency_redis_connect_timeout_handler(ngx_event_t *ev)
 
     reason = "timed out";
 
-    /*
-     * TCP connected, TLS not up: a server that does not speak TLS there
-     * (Redis's plain port waits for a line that a ClientHello never ends)
-     * answers nothing, and the operator should hear what that means
-     */
-
     if (node->state == NGX_HTTP_IDEMPOTENCY_REDIS_CONNECTING
-        && node->conf->tls && node->ac
-        && (node->ac->c.flags & REDIS_CONNECTED))
+        && node->conf->tls && node->ac)
     {
-        reason = "timed out in the TLS handshake, the server never "
-                 "answered it (a port without TLS, such as Redis's "
-                 "plain port?)";
+        reason = ngx_http_idempotency_redis_tls_timed_out(node->ac);
     }
 
     ngx_http_idempotency_redis_node_drop(node,

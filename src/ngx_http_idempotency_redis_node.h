@@ -157,13 +157,6 @@ ngx_http_idempotency_redis_node_t *ngx_http_idempotency_redis_node_create(
     ngx_str_t *name, const ngx_http_idempotency_redis_place_t *place,
     void *place_data, ngx_pool_t *pool, ngx_log_t *log);
 
-/*
- * The name of a connection of rcf in logs and in the status: "name", or
- * "tls://name" for a TLS connection (allocated in pool)
- */
-ngx_int_t ngx_http_idempotency_redis_conn_name(ngx_pool_t *pool,
-    ngx_http_idempotency_redis_conf_t *rcf, ngx_str_t *name, ngx_str_t *out);
-
 /* connects now unless connected, connecting or waiting to reconnect */
 void ngx_http_idempotency_redis_node_connect(
     ngx_http_idempotency_redis_node_t *node);

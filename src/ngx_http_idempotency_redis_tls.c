@@ -219,6 +219,54 @@ ngx_http_idempotency_redis_tls_check(ngx_conf_t *cf, ngx_command_t *cmd,
 }
 
 
+/*
+ * A TLS connection's name in logs and in the status is its address after
+ * "tls://": a TLS and a plain connection to one address tell apart
+ */
+
+ngx_int_t
+ngx_http_idempotency_redis_tls_conn_name(ngx_pool_t *pool,
+    ngx_http_idempotency_redis_conf_t *rcf, ngx_str_t *name,
+    ngx_str_t *out)
+{
+    u_char  *p;
+
+    if (rcf->tls == NULL) {
+        *out = *name;
+        return NGX_OK;
+    }
+
+    p = ngx_pnalloc(pool, sizeof("tls://") - 1 + name->len);
+    if (p == NULL) {
+        return NGX_ERROR;
+    }
+
+    out->data = p;
+    out->len = ngx_sprintf(p, "tls://%V", name) - p;
+
+    return NGX_OK;
+}
+
+
+/*
+ * TCP connected, TLS not up: a server that does not speak TLS there
+ * (Redis's plain port waits for a line that a ClientHello never ends)
+ * answers nothing, and the operator should hear what that likely means
+ */
+
+const char *
+ngx_http_idempotency_redis_tls_timed_out(redisAsyncContext *ac)
+{
+    if (ac->c.flags & REDIS_CONNECTED) {
+        return "timed out in the TLS handshake, the server never "
+               "answered it (a port without TLS, such as Redis's plain "
+               "port?)";
+    }
+
+    return "timed out";
+}
+
+
 #if (NGX_SSL)
 
 /*

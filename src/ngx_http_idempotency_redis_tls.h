@@ -41,6 +41,16 @@ ngx_int_t ngx_http_idempotency_redis_tls_option(ngx_conf_t *cf,
 char *ngx_http_idempotency_redis_tls_check(ngx_conf_t *cf,
     ngx_command_t *cmd, ngx_http_idempotency_redis_conf_t *rcf);
 
+/*
+ * The name of a connection of rcf in logs and in the status: "name", or
+ * "tls://name" for a TLS connection (allocated in pool)
+ */
+ngx_int_t ngx_http_idempotency_redis_tls_conn_name(ngx_pool_t *pool,
+    ngx_http_idempotency_redis_conf_t *rcf, ngx_str_t *name, ngx_str_t *out);
+
+/* why a TLS connection's connect timed out, for the log */
+const char *ngx_http_idempotency_redis_tls_timed_out(redisAsyncContext *ac);
+
 
 #if (NGX_SSL)
 

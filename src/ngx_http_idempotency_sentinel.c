@@ -180,8 +180,8 @@ ngx_http_idempotency_sentinel_create(ngx_pool_t *pool,
     for (i = 0; i < s->naddrs; i++) {
         sa = &s->addrs[i];
 
-        if (ngx_http_idempotency_redis_conn_name(pool, rcf, &addr[i].name,
-                                                 &sa->name)
+        if (ngx_http_idempotency_redis_tls_conn_name(pool, rcf, &addr[i].name,
+                                                     &sa->name)
             != NGX_OK)
         {
             return NULL;
