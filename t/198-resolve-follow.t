@@ -12,6 +12,8 @@
 # was refused) or on none.  Each round starts a fresh nginx (the connections keep the
 # address they have while the answer holds it), each round's record must
 # be whole on the first connection's server, and nothing on the other.
+# At the end the name moves to the other server alone: the second
+# connection moves with the first one.
 #
 # A plain Test::More file: two redis-servers on 127.0.0.2 and 127.0.0.3 at
 # one port, a DNS server of the test (t/lib/TinyDNS.pm, TTL 1 s) and its
@@ -119,6 +121,8 @@ HTTP
     ok(keys_on($A) > 0, "round $round: the record is on $A");
     is(keys_on($B), 0, "round $round: nothing of it on $B");
 
+    last_round_moves() if $round == $Rounds;
+
     Roads::stop();
     cli($_, 'FLUSHALL') for $A, $B;
 }
@@ -131,6 +135,31 @@ stop_all();
 File::Path::remove_tree($dir) if Test::More->builder->is_passing;
 done_testing();
 
+
+# the name moves to B alone: the first connection moves when its answer's
+# validity ends, and the second one, connected on A, goes with it
+sub last_round_moves {
+    cli($_, 'FLUSHALL') for $A, $B;
+    $dns->set('redis.test' => $B);
+
+    my $n = 0;
+    ok(Roads::wait_for(30, sub {
+           post('/small', 'moved-' . ++$n) =~ /^201 / && keys_on($B) > 0
+       }), 'the name moves to B: the first connection follows it');
+    ok(Roads::wait_for(20, sub {
+           Roads::slurp("$dir/nginx/logs/error.log")
+           =~ /the second connection moves from \Q$A\E:$rport to \Q$B\E:$rport, where the first one is/
+       }), 'the second connection moves with it (logged)');
+
+    # what the first connection stored on A before it moved
+    cli($A, 'FLUSHALL');
+
+    like(post('/big', 'big-moved'), qr/^200 /,
+         'a large record after the move');
+    like(post('/big', 'big-moved'), qr/^200 .*Idempotent-Replayed: true/s,
+         'is replayed (stored whole)');
+    is(keys_on($A), 0, 'nothing of it on A');
+}
 
 sub cli {
     my ($ip, @args) = @_;
