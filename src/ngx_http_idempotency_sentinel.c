@@ -40,6 +40,7 @@ typedef struct {
     u_char                                 host[
                                     NGX_HTTP_IDEMPOTENCY_SENTINEL_HOST_LEN + 1];
     in_port_t                              port;
+    unsigned                               failing:1; /* did not answer */
 } ngx_http_idempotency_sentinel_addr_t;
 
 
@@ -326,6 +327,9 @@ ngx_http_idempotency_sentinel_failed(ngx_http_idempotency_sentinel_t *s,
                           &s->conf->sentinel_master, reason);
         }
 
+        /* nginx's SSL lines of its next queries are not written */
+        s->addrs[s->asking].failing = 1;
+
         if (s->exiting || ++s->asked >= s->naddrs) {
             ngx_http_idempotency_sentinel_done(s,
                                       NGX_HTTP_IDEMPOTENCY_SENTINEL_UNKNOWN);
@@ -372,7 +376,8 @@ ngx_http_idempotency_sentinel_send(ngx_http_idempotency_sentinel_t *s)
 
     ac = ngx_http_idempotency_sentinel_connect(s, addr,
                                  ngx_http_idempotency_sentinel_query_reply, s,
-                                 ngx_http_idempotency_sentinel_query_read, 0);
+                                 ngx_http_idempotency_sentinel_query_read,
+                                 addr->failing);
     if (ac == NULL) {
         return NGX_ERROR;
     }
@@ -462,6 +467,7 @@ ngx_http_idempotency_sentinel_query_reply(redisAsyncContext *ac, void *r,
                    &s->addrs[s->asking].name, s->host, (int) s->port);
 
     s->last = s->asking;
+    s->addrs[s->asking].failing = 0;
 
     ngx_http_idempotency_sentinel_done(s, NGX_HTTP_IDEMPOTENCY_SENTINEL_FOUND);
 }

@@ -1,18 +1,19 @@
 # What a TLS connection that keeps failing writes to the error log: once
 # per streak, however often it reconnects.  One worker connects (and keeps
-# reconnecting, with back-off) to three servers that never let it in:
+# reconnecting, with back-off) to four servers that never let it in:
 #
 #   a redis-server that requires a client certificate the module lacks
 #   (nginx's own "SSL_read() failed ... certificate required" line, which
 #   nginx writes at [crit] whatever the connection's log_error says);
 #   a server that answers every ClientHello with bytes that are no TLS and
-#   closes ("SSL_do_handshake() failed ... wrong version number");
+#   closes ("SSL_do_handshake() failed ... wrong version number"), and a
+#   sentinel that does the same (asked before every connect of its master);
 #   the plain (non-TLS) port of a redis-server, where the handshake gets no
 #   answer at all: the line says so, not only "timed out".
 #
 # After at least six attempts at each, counted by the servers, the log
-# holds at most one of nginx's SSL lines per server (the first failure's),
-# each naming its Redis, and one module line per streak.
+# holds at most one of nginx's SSL lines per connection (the first
+# failure's), each naming its Redis, and one module line per streak.
 #
 # A plain Test::More file with its own certificates (openssl), servers and
 # nginx on free loopback ports, all stopped by pid.  Run from the
@@ -41,7 +42,7 @@ my $dir = File::Spec->rel2abs(File::Temp::tempdir('t197-XXXXXX',
                                                    DIR => $base));
 chmod 0755, $dir;
 
-my (@pids, $breaker);
+my @pids;
 
 use File::Path ();
 
@@ -89,28 +90,11 @@ push @pids, $ppid;
 my %calls;
 my %before = ($pport => received($pport));
 
-# the breaker: answers each connection with a Redis error line, which is
-# no TLS record, and closes it; counts them in a file
-my $bport = IdemTest::free_port();
-my $listen = IO::Socket::INET->new(Listen => 16, LocalAddr => '127.0.0.1',
-                                   LocalPort => $bport, Proto => 'tcp',
-                                   ReuseAddr => 1)
-    or die "breaker: $!\n";
-$breaker = fork();
-die "fork: $!\n" unless defined $breaker;
-if ($breaker == 0) {
-    my $n = 0;
-    while (my $c = $listen->accept) {
-        my $hello = '';
-        sysread($c, $hello, 4096);
-        syswrite($c, "-ERR unknown command\r\n");
-        close $c;
-        Roads::write_file("$dir/breaker.count", ++$n);
-    }
-    POSIX::_exit(0);
-}
-close $listen;
-push @pids, $breaker;
+# breakers: each answers every connection with a Redis error line, which
+# is no TLS record, and closes it, counting them in a file; one stands for
+# a Redis, one for a sentinel
+my $bport = breaker('breaker');
+my $sport = breaker('sentinel');
 
 my $port = IdemTest::free_port();
 my $ca = "$dir/ca.crt";
@@ -146,6 +130,14 @@ Roads::start_nginx($dir, $port, <<HTTP, 1);
             return 201;
         }
 
+        location = /sentinel {
+            idempotency on;
+            idempotency_redis 127.0.0.1:$sport sentinel=mymaster tls
+                              tls_trusted_certificate=$ca prefix=t197:
+                              connect_timeout=2s;
+            return 201;
+        }
+
         location = /plain-no-tls {
             idempotency on;
             idempotency_redis 127.0.0.1:$pport prefix=t197:;
@@ -165,6 +157,8 @@ ok(Roads::wait_for(90, sub { refused() >= 6 }),
     or diag(Roads::slurp($log));
 ok(Roads::wait_for(90, sub { (Roads::slurp("$dir/breaker.count") || 0) >= 6 }),
    'and the server that breaks handshakes 6 times');
+ok(Roads::wait_for(90, sub { (Roads::slurp("$dir/sentinel.count") || 0) >= 6 }),
+   'and a sentinel that breaks them 6 times');
 # (the plain server also has the connection of /plain-no-tls, one)
 ok(Roads::wait_for(90, sub { module_tries($pport) >= 7 }),
    'and the plain port 6 times');
@@ -173,8 +167,8 @@ my $text = Roads::slurp($log);
 my @ssl = grep { /SSL_\w+\(\) failed|peer closed connection in SSL/ }
           split /\n/, $text;
 
-cmp_ok(scalar @ssl, '<=', 2,
-       "nginx's SSL lines: at most one per failing server, not one per "
+cmp_ok(scalar @ssl, '<=', 4,
+       "nginx's SSL lines: at most one per failing connection, not one per "
        . 'reconnect')
     or diag(join "\n", @ssl[0 .. ($#ssl > 7 ? 7 : $#ssl)]);
 # the server's alert may come before or after the module's first write
@@ -182,6 +176,9 @@ is(scalar(grep { /redis: "tls:\/\/127\.0\.0\.1:$tport"/ } @ssl), 1,
    'the missing client certificate is logged once, naming its Redis');
 is(scalar(grep { /redis: "tls:\/\/127\.0\.0\.1:$bport"/ } @ssl), 1,
    'the broken handshake is logged once, naming its Redis');
+# two connections to a sentinel (its queries, its events): one line each
+cmp_ok(scalar(grep { /redis: "tls:\/\/127\.0\.0\.1:$sport"/ } @ssl), '<=', 2,
+       'and the sentinel\'s once per connection, naming it');
 
 my $mod = () = $text =~ /idempotency redis: "tls:\/\/127\.0\.0\.1:$tport" /g;
 is($mod, 1, 'and the module logs that streak once, naming it with "tls://"');
@@ -211,6 +208,31 @@ stop_all();
 File::Path::remove_tree($dir) if Test::More->builder->is_passing;
 done_testing();
 
+
+sub breaker {
+    my ($name) = @_;
+    my $listen = IO::Socket::INET->new(Listen => 16,
+                                       LocalAddr => '127.0.0.1',
+                                       LocalPort => 0, Proto => 'tcp')
+        or die "$name: $!\n";
+    my $pid = fork();
+    die "fork: $!\n" unless defined $pid;
+    if ($pid == 0) {
+        my $n = 0;
+        while (my $c = $listen->accept) {
+            my $hello = '';
+            sysread($c, $hello, 4096);
+            syswrite($c, "-ERR unknown command\r\n");
+            close $c;
+            Roads::write_file("$dir/$name.count", ++$n);
+        }
+        POSIX::_exit(0);
+    }
+    my $p = $listen->sockport;
+    close $listen;
+    push @pids, $pid;
+    return $p;
+}
 
 sub cli {
     my ($p, @args) = @_;

@@ -9,9 +9,10 @@
 # resolved the name itself, took the answer's first address or, from
 # nginx's resolver cache, a random one (nginx rotates cached answers), and
 # put a large record's chunks on another server than its head (the store
-# was refused) or on none.  Each round starts a fresh nginx (the connections keep the
-# address they have while the answer holds it), each round's record must
-# be whole on the first connection's server, and nothing on the other.
+# was refused) or on none.  Each round starts a fresh nginx (the
+# connections keep the address they have while the answer holds it), each
+# round's record must be whole on the first connection's server, and
+# nothing on the other.
 # At the end the name moves to the other server alone: the second
 # connection moves with the first one.
 #
