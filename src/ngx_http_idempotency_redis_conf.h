@@ -34,6 +34,8 @@ typedef struct ngx_http_idempotency_redis_tls_s
 /* one "idempotency_redis" directive; identical directives share one */
 typedef struct {
     ngx_str_t                            text;     /* all arguments, for logs */
+    u_char                              *file;     /* where the directive is, */
+    ngx_uint_t                           line;     /* for errors found later */
     ngx_uint_t                           mode;
     ngx_array_t                          addrs;    /* of ngx_addr_t */
     ngx_array_t                          hosts;    /* of ngx_str_t, below */

@@ -47,6 +47,8 @@ ngx_http_idempotency_redis_conf_parse(ngx_conf_t *cf, ngx_command_t *cmd,
     }
 
     rcf->text = *text;
+    rcf->file = cf->conf_file->file.name.data;
+    rcf->line = cf->conf_file->line;
     rcf->mode = NGX_HTTP_IDEMPOTENCY_REDIS_SINGLE;
     rcf->db = -1;
     rcf->connect_timeout = 1000;
@@ -412,7 +414,8 @@ ngx_http_idempotency_redis_named(ngx_conf_t *cf,
 
 /*
  * After the locations are merged: "resolve" needs a resolver where the
- * directive is (without one nginx puts a resolver with no name server)
+ * directive is (without one nginx puts a resolver with no name server),
+ * whether or not a location uses it; the error names the directive's place
  */
 
 ngx_int_t
@@ -433,8 +436,8 @@ ngx_http_idempotency_redis_conf_check(ngx_conf_t *cf,
 
         ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
                       "\"idempotency_redis\" directive with \"resolve\" "
-                      "needs a \"resolver\" where it is (\"%V\")",
-                      &addr[0].name);
+                      "needs a \"resolver\" where it is (\"%V\") in %s:%ui",
+                      &addr[0].name, rcf->file, rcf->line);
         return NGX_ERROR;
     }
 

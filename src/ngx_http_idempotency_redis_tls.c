@@ -302,11 +302,17 @@ ngx_http_idempotency_redis_tls_ctx(ngx_conf_t *cf,
     cln->handler = ngx_ssl_cleanup_ctx;
     cln->data = tls->ssl;
 
+    /* OpenSSL's errors name neither the directive nor its place */
+
     if (tls->certificate.len
         && ngx_ssl_certificate(cf, tls->ssl, &tls->certificate,
                                &tls->certificate_key, NULL)
            != NGX_OK)
     {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"idempotency_redis\" directive: cannot load "
+                           "\"tls_certificate=%V\" with its "
+                           "\"tls_certificate_key=\"", &tls->certificate);
         return NGX_ERROR;
     }
 
@@ -315,6 +321,10 @@ ngx_http_idempotency_redis_tls_ctx(ngx_conf_t *cf,
                                         &tls->trusted_certificate, 9)
             != NGX_OK)
         {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "\"idempotency_redis\" directive: cannot "
+                               "load \"tls_trusted_certificate=%V\"",
+                               &tls->trusted_certificate);
             return NGX_ERROR;
         }
 

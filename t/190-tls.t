@@ -638,23 +638,23 @@ EXEC POST /backend tls-cluster
 
 
 
-=== TEST 24: a missing CA file is named
+=== TEST 24: a missing CA file is named, with the directive and its place
 --- http_config eval
 "idempotency_redis 127.0.0.1:6379 tls tls_trusted_certificate=$::Dir/nothing.crt;"
 --- config
 --- must_die
 --- error_log eval
-qr/\Q$::Dir\E\/nothing\.crt/
+qr/"idempotency_redis" directive: cannot load "tls_trusted_certificate=\Q$::Dir\E\/nothing\.crt" in \S+nginx\.conf:\d+$/
 
 
 
-=== TEST 25: a missing client certificate is named
+=== TEST 25: a missing client certificate is named, with the directive and its place
 --- http_config eval
 "idempotency_redis 127.0.0.1:6379 tls tls_certificate=$::Dir/none.crt tls_certificate_key=$::Dir/client.key;"
 --- config
 --- must_die
 --- error_log eval
-qr/\Q$::Dir\E\/none\.crt/
+qr/"idempotency_redis" directive: cannot load "tls_certificate=\Q$::Dir\E\/none\.crt" with its "tls_certificate_key=" in \S+nginx\.conf:\d+$/
 
 
 
