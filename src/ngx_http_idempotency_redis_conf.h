@@ -38,6 +38,7 @@ typedef struct {
     ngx_uint_t                           line;     /* for errors found later */
     ngx_uint_t                           mode;
     ngx_array_t                          addrs;    /* of ngx_addr_t */
+    ngx_array_t                          hosts;    /* of ngx_str_t, below */
     ngx_str_t                            host;     /* IP or name, NUL-ended */
     in_port_t                            port;
     ngx_str_t                            unix_path; /* NUL-ended, or empty */
@@ -53,6 +54,9 @@ typedef struct {
     ngx_http_idempotency_redis_tls_t    *tls;      /* NULL: plain */
 
     /*
+     * hosts: the host of each address in addrs as written (a name or an
+     * IP, without brackets; "" for unix:), NUL-ended: what TLS checks
+     *
      * "resolve": the workers resolve host names with the resolver of
      * clcf (where the directive first is); "named": the address is a
      * host name, in host (its ngx_addr_t has no sockaddr)

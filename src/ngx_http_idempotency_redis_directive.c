@@ -21,6 +21,8 @@ static char *ngx_http_idempotency_redis_address(ngx_conf_t *cf,
     ngx_str_t *value, ngx_uint_t named);
 static char *ngx_http_idempotency_redis_named(ngx_conf_t *cf,
     ngx_http_idempotency_redis_conf_t *rcf, ngx_url_t *u);
+static char *ngx_http_idempotency_redis_host(ngx_conf_t *cf,
+    ngx_http_idempotency_redis_conf_t *rcf, ngx_url_t *u);
 static char *ngx_http_idempotency_redis_option(ngx_conf_t *cf,
     ngx_command_t *cmd, ngx_http_idempotency_redis_conf_t *rcf,
     ngx_str_t *value);
@@ -54,7 +56,9 @@ ngx_http_idempotency_redis_conf_parse(ngx_conf_t *cf, ngx_command_t *cmd,
     ngx_str_set(&rcf->prefix, "idem:");
 
     if (ngx_array_init(&rcf->addrs, cf->pool, 1, sizeof(ngx_addr_t))
-        != NGX_OK)
+        != NGX_OK
+        || ngx_array_init(&rcf->hosts, cf->pool, 1, sizeof(ngx_str_t))
+           != NGX_OK)
     {
         return NGX_CONF_ERROR;
     }
@@ -285,6 +289,10 @@ ngx_http_idempotency_redis_address(ngx_conf_t *cf, ngx_command_t *cmd,
         return NGX_CONF_ERROR;
     }
 
+    if (ngx_http_idempotency_redis_host(cf, rcf, &u) != NGX_CONF_OK) {
+        return NGX_CONF_ERROR;
+    }
+
     if (named && u.naddrs == 0 && rcf->addrs.nelts == 0) {
         return ngx_http_idempotency_redis_named(cf, rcf, &u);
     }
@@ -333,6 +341,41 @@ ngx_http_idempotency_redis_address(ngx_conf_t *cf, ngx_command_t *cmd,
     p[rcf->host.len] = '\0';
     rcf->host.data = p;
     rcf->port = ngx_inet_get_port(addr->sockaddr);
+
+    return NGX_CONF_OK;
+}
+
+
+/*
+ * The host of an address as written (a name, not what it resolved to):
+ * the name a TLS connection there sends and checks by default
+ */
+
+static char *
+ngx_http_idempotency_redis_host(ngx_conf_t *cf,
+    ngx_http_idempotency_redis_conf_t *rcf, ngx_url_t *u)
+{
+    ngx_str_t  *host, h;
+
+    h = u->host;
+
+    if (h.len > 1 && h.data[0] == '[') {
+        h.data++;
+        h.len -= 2;
+    }
+
+    host = ngx_array_push(&rcf->hosts);
+    if (host == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    host->data = ngx_pnalloc(cf->pool, h.len + 1);
+    if (host->data == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    host->len = h.len;
+    ngx_cpystrn(host->data, h.data, h.len + 1);
 
     return NGX_CONF_OK;
 }
