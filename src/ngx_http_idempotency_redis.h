@@ -26,7 +26,7 @@ typedef enum {
     NGX_HTTP_IDEMPOTENCY_SCRIPT_BODY_SET,   /* SET <chunk key> <chunk> PX */
     NGX_HTTP_IDEMPOTENCY_SCRIPT_BODY_GET,   /* GET <chunk key> */
     NGX_HTTP_IDEMPOTENCY_SCRIPT_CACHE_FETCH, /* record and PTTL (cache) */
-    NGX_HTTP_IDEMPOTENCY_SCRIPT_WAIT_MARK,  /* SET <wait mark> 1 PX */
+    NGX_HTTP_IDEMPOTENCY_SCRIPT_WAIT_MARK,  /* SET <wait mark> <hash> PX */
     NGX_HTTP_IDEMPOTENCY_SCRIPT_WAIT_WAKE,  /* the mark's waiters: PUBLISH */
     NGX_HTTP_IDEMPOTENCY_SCRIPT_N
 } ngx_http_idempotency_script_e;
@@ -162,6 +162,15 @@ struct ngx_http_idempotency_redis_fetch_s {
 
 ngx_int_t ngx_http_idempotency_redis_fetch(
     ngx_http_idempotency_redis_fetch_t *f);
+
+/*
+ * The removal of the record "key" and, when it is split, of its body
+ * (src/lua/purge.lua), told on "<prefix>purge" to the nodes' replay
+ * caches; args in "pool".  As ngx_http_idempotency_redis_script().
+ */
+ngx_http_idempotency_redis_op_t *ngx_http_idempotency_redis_purge(
+    ngx_http_idempotency_redis_conf_t *rcf, ngx_str_t *key, ngx_pool_t *pool,
+    ngx_http_idempotency_redis_pt handler, void *data, ngx_log_t *log);
 
 /*
  * The key of a split record's body (the name its chunks start with, see
