@@ -3,9 +3,11 @@
  * store or a renewal counts only once enough replicas hold it.  Redis'
  * WAIT covers every earlier write of its connection, so the writes queued
  * on a node in one pass of the event loop get one WAIT behind them (a
- * posted event queues it after the pass's commands): the pipeline goes on,
- * and a worker with many claims in flight sends one WAIT per batch, not
- * one per claim.  A write's reply is kept (ACKING) until the WAIT behind
+ * posted event queues it after the pass's commands); while a WAIT is on
+ * its way, the writes queued meanwhile get the next one when it answers
+ * (group commit: the batch is whatever came during one WAIT's round
+ * trip).  The pipeline goes on, and a worker with many claims in flight
+ * sends one WAIT per batch, not one per claim.  A write's reply is kept (ACKING) until the WAIT behind
  * it answers: enough, the op's handler gets the reply; too few in
  * wait_timeout, a plain op (the claim) fails as if Redis were down, a
  * retryable one (a store) is parked and sent again.  Replies come in
@@ -23,21 +25,27 @@
 #include "ngx_http_idempotency_stats.h"
 
 
-/* one WAIT on its way: which node, since when (for the histogram) */
+/*
+ * One WAIT on its way: which node, since when (for the histogram), and
+ * the node's last command queued before it: the ops it acknowledges
+ */
 typedef struct {
     ngx_http_idempotency_redis_node_t   *node;
     uint64_t                             start;
+    uint64_t                             seq;
 } ngx_http_idempotency_redis_wait_t;
 
 
-static void ngx_http_idempotency_redis_wait_send(ngx_event_t *ev);
+static void ngx_http_idempotency_redis_wait_posted(ngx_event_t *ev);
+static void ngx_http_idempotency_redis_wait_send(
+    ngx_http_idempotency_redis_node_t *node);
 static void ngx_http_idempotency_redis_wait_reply(redisAsyncContext *ac,
     void *r, void *privdata);
 static ngx_int_t ngx_http_idempotency_redis_wait_count(
     ngx_http_idempotency_redis_node_t *node, redisReply *reply,
     const char **error);
 static void ngx_http_idempotency_redis_wait_done(
-    ngx_http_idempotency_redis_node_t *node, const char *error,
+    ngx_http_idempotency_redis_node_t *node, uint64_t seq, const char *error,
     ngx_uint_t lost);
 static const char *ngx_http_idempotency_redis_policy_check(
     ngx_http_idempotency_redis_node_t *node, redisReply *reply,
@@ -98,11 +106,17 @@ ngx_http_idempotency_redis_wait_arm(ngx_http_idempotency_redis_node_t *node)
 
     ev = &node->wait_event;
 
+    if (node->waits) {
+        /* the WAIT on its way does not cover it: the next one will */
+        node->wait_due = 1;
+        return;
+    }
+
     if (ev->posted || node->exiting) {
         return;
     }
 
-    ev->handler = ngx_http_idempotency_redis_wait_send;
+    ev->handler = ngx_http_idempotency_redis_wait_posted;
     ev->data = node;
     ev->log = node->log;
 
@@ -116,7 +130,14 @@ ngx_http_idempotency_redis_wait_arm(ngx_http_idempotency_redis_node_t *node)
 
 
 static void
-ngx_http_idempotency_redis_wait_send(ngx_event_t *ev)
+ngx_http_idempotency_redis_wait_posted(ngx_event_t *ev)
+{
+    ngx_http_idempotency_redis_wait_send(ev->data);
+}
+
+
+static void
+ngx_http_idempotency_redis_wait_send(ngx_http_idempotency_redis_node_t *node)
 {
     int                                 argc;
     u_char                             *p;
@@ -125,10 +146,9 @@ ngx_http_idempotency_redis_wait_send(ngx_event_t *ev)
     const char                         *argv[4];
     redisAsyncContext                  *ac;
     ngx_http_idempotency_redis_wait_t  *w;
-    ngx_http_idempotency_redis_node_t  *node;
 
-    node = ev->data;
     ac = node->ac;
+    node->wait_due = 0;
 
     if (ac == NULL || node->exiting
         || (ac->c.flags & (REDIS_DISCONNECTING | REDIS_FREEING)))
@@ -145,6 +165,7 @@ ngx_http_idempotency_redis_wait_send(ngx_event_t *ev)
     }
 
     w->node = node;
+    w->seq = node->queued_seq;
 
     argc = 0;
 
@@ -218,11 +239,6 @@ ngx_http_idempotency_redis_wait_hold(ngx_http_idempotency_redis_op_t *op,
         return NGX_DECLINED;
     }
 
-    if (node->waits == 0) {
-        /* a write with no WAIT behind it cannot be (a NOSCRIPT resend) */
-        ngx_http_idempotency_redis_wait_arm(node);
-    }
-
     op->ack_type = reply->type;
     op->ack_integer = reply->integer;
     op->ack_len = (reply->type == REDIS_REPLY_STATUS) ? reply->len : 0;
@@ -256,10 +272,12 @@ ngx_http_idempotency_redis_wait_reply(redisAsyncContext *ac, void *r,
 {
     redisReply                         *reply = r;
     const char                         *error;
+    uint64_t                            seq;
     ngx_http_idempotency_redis_wait_t  *w = privdata;
     ngx_http_idempotency_redis_node_t  *node;
 
     node = w->node;
+    seq = w->seq;
 
     if (node->waits) {
         node->waits--;
@@ -268,7 +286,8 @@ ngx_http_idempotency_redis_wait_reply(redisAsyncContext *ac, void *r,
     if (reply == NULL) {
         ngx_free(w);
         ngx_http_idempotency_redis_node_lost(node, ac, "connection lost");
-        ngx_http_idempotency_redis_wait_done(node, "connection lost", 1);
+        ngx_http_idempotency_redis_wait_done(node, (uint64_t) -1,
+                                             "connection lost", 1);
         return;
     }
 
@@ -278,7 +297,16 @@ ngx_http_idempotency_redis_wait_reply(redisAsyncContext *ac, void *r,
     error = NULL;
     (void) ngx_http_idempotency_redis_wait_count(node, reply, &error);
 
-    ngx_http_idempotency_redis_wait_done(node, error, 0);
+    ngx_http_idempotency_redis_wait_done(node, seq, error, 0);
+
+    /* the writes queued while this one was on its way: the next batch */
+
+    if (node->waits == 0
+        && (node->wait_due || !ngx_queue_empty(&node->acking))
+        && node->ac == ac)
+    {
+        ngx_http_idempotency_redis_wait_send(node);
+    }
 }
 
 
@@ -338,21 +366,42 @@ ngx_http_idempotency_redis_wait_count(ngx_http_idempotency_redis_node_t *node,
 
 
 /*
- * Every ACKING op of the node is told: its reply when error is NULL, else
+ * Every ACKING op of the node queued up to "seq" is told: its reply when
+ * error is NULL, else
  * a claim fails as on a lost connection and a store is kept for a retry
  * (at the next connection when "lost", else after a back-off).
  */
 
 static void
 ngx_http_idempotency_redis_wait_done(ngx_http_idempotency_redis_node_t *node,
-    const char *error, ngx_uint_t lost)
+    uint64_t seq, const char *error, ngx_uint_t lost)
 {
-    ngx_queue_t                      *q;
+    ngx_queue_t                       done, *q, *next;
     redisReply                        reply;
     ngx_http_idempotency_redis_op_t  *op;
 
-    while (!ngx_queue_empty(&node->acking)) {
-        q = ngx_queue_head(&node->acking);
+    /*
+     * The ops it answers go to a queue of their own first: a handler may
+     * cancel another of them (taken out of whichever queue it is in)
+     */
+
+    ngx_queue_init(&done);
+
+    for (q = ngx_queue_head(&node->acking);
+         q != ngx_queue_sentinel(&node->acking);
+         q = next)
+    {
+        next = ngx_queue_next(q);
+        op = ngx_queue_data(q, ngx_http_idempotency_redis_op_t, queue);
+
+        if (op->seq <= seq) {
+            ngx_queue_remove(q);
+            ngx_queue_insert_tail(&done, q);
+        }
+    }
+
+    while (!ngx_queue_empty(&done)) {
+        q = ngx_queue_head(&done);
         op = ngx_queue_data(q, ngx_http_idempotency_redis_op_t, queue);
 
         if (error == NULL) {
@@ -414,7 +463,8 @@ ngx_http_idempotency_redis_wait_expired(ngx_http_idempotency_redis_op_t *op)
                                              "no reply in time");
     }
 
-    ngx_http_idempotency_redis_wait_done(node, "no reply in time", 1);
+    ngx_http_idempotency_redis_wait_done(node, (uint64_t) -1,
+                                         "no reply in time", 1);
 }
 
 
@@ -425,7 +475,10 @@ ngx_http_idempotency_redis_wait_exit(ngx_http_idempotency_redis_node_t *node)
         ngx_delete_posted_event(&node->wait_event);
     }
 
-    ngx_http_idempotency_redis_wait_done(node, "the worker is exiting", 1);
+    node->wait_due = 0;
+
+    ngx_http_idempotency_redis_wait_done(node, (uint64_t) -1,
+                                         "the worker is exiting", 1);
 }
 
 

@@ -119,11 +119,12 @@ my $waits = wait_calls() - $waits0;
 my $c = exec_counts();
 is(scalar(grep { /^many-/ && $c->{$_} == 1 } keys %$c), $n,
    'each once at the upstream');
-# each request writes twice (claim, store): without group commit 2 * $n
-cmp_ok($waits, '<', 2 * $n,
-       "fewer WAITs ($waits) than the $n claims and $n stores they "
-       . 'acknowledged (group commit)');
-diag("WAIT calls for $n concurrent requests: $waits");
+# each request writes twice (claim, store): one WAIT per write would be
+# 2 * $n; one per batch, sent while the one before is on its way, is far
+# fewer (13 on an idle machine), and fewer still under load
+cmp_ok($waits, '<', $n,
+       "fewer WAITs ($waits) than the $n claims alone, with their $n stores "
+       . '(group commit)');
 
 my $st = status();
 like($st, qr/"waits": [1-9]/, 'status: waits counted');
