@@ -7,12 +7,12 @@
  * its way, the writes queued meanwhile get the next one when it answers
  * (group commit: the batch is whatever came during one WAIT's round
  * trip).  The pipeline goes on, and a worker with many claims in flight
- * sends one WAIT per batch, not one per claim.  A write's reply is kept (ACKING) until the WAIT behind
- * it answers: enough, the op's handler gets the reply; too few in
- * wait_timeout, a plain op (the claim) fails as if Redis were down, a
- * retryable one (a store) is parked and sent again.  Replies come in
- * order, so when a WAIT answers every ACKING op of its node was written
- * before it.
+ * sends one WAIT per batch, not one per claim.  A write's reply is kept
+ * (ACKING) until the WAIT behind it answers: enough, the op's handler
+ * gets the reply; too few in wait_timeout, a plain op (the claim) fails
+ * as if Redis were down, a retryable one (a store) is parked and sent
+ * again.  Replies come in order: when a WAIT answers, every ACKING op
+ * queued before it (by the node's sequence) has had its reply.
  */
 
 
@@ -376,6 +376,7 @@ static void
 ngx_http_idempotency_redis_wait_done(ngx_http_idempotency_redis_node_t *node,
     uint64_t seq, const char *error, ngx_uint_t lost)
 {
+    ngx_msec_t                        retry;
     ngx_queue_t                       done, *q, *next;
     redisReply                        reply;
     ngx_http_idempotency_redis_op_t  *op;
@@ -424,12 +425,15 @@ ngx_http_idempotency_redis_wait_done(ngx_http_idempotency_redis_node_t *node,
             ngx_http_idempotency_stat_inc(
                              NGX_HTTP_IDEMPOTENCY_STAT_REDIS_WAIT_RESENT);
 
+            /* after a lost connection at the next one, else backing off */
+
+            retry = lost ? 0
+                    : ngx_min(NGX_HTTP_IDEMPOTENCY_REDIS_BACKOFF_MIN
+                              << ngx_min(op->info.parked, 5),
+                              NGX_HTTP_IDEMPOTENCY_REDIS_BACKOFF_MAX);
+
             ngx_http_idempotency_redis_op_detach(op);
-            ngx_http_idempotency_redis_retry_or_give_up(op, error,
-                             lost ? 0
-                                  : ngx_min(NGX_HTTP_IDEMPOTENCY_REDIS_BACKOFF_MIN
-                                         << ngx_min(op->info.parked, 5),
-                                         NGX_HTTP_IDEMPOTENCY_REDIS_BACKOFF_MAX));
+            ngx_http_idempotency_redis_retry_or_give_up(op, error, retry);
             continue;
         }
 

@@ -47,7 +47,7 @@ static u_char *ngx_http_idempotency_status_conns_json(u_char *p,
 static u_char *ngx_http_idempotency_status_conns_prometheus(u_char *p,
     ngx_http_idempotency_redis_conn_t *conns, ngx_uint_t n);
 static u_char *ngx_http_idempotency_status_histogram_json(u_char *p,
-    const char *name, ngx_atomic_t *bucket, ngx_atomic_uint_t sum);
+    const char *head, ngx_atomic_t *bucket, ngx_atomic_uint_t sum);
 static u_char *ngx_http_idempotency_status_histogram_prometheus(u_char *p,
     const char *family, const char *help, ngx_atomic_t *bucket,
     ngx_atomic_uint_t sum);
@@ -518,26 +518,26 @@ ngx_http_idempotency_status_json(u_char *p,
     }
 
     p = ngx_sprintf(p, "}");
-    p = ngx_http_idempotency_status_histogram_json(p, "redis_latency_ms",
-                                                   stats->latency,
-                                                   stats->latency_sum);
-    p = ngx_http_idempotency_status_histogram_json(p, "redis_wait_ms",
-                                                   stats->wait,
-                                                   stats->wait_sum);
+    p = ngx_http_idempotency_status_histogram_json(p,
+                                   ",\n  \"redis_latency_ms\": ",
+                                   stats->latency, stats->latency_sum);
+    p = ngx_http_idempotency_status_histogram_json(p,
+                                   ",\n  \"redis_wait_ms\": ",
+                                   stats->wait, stats->wait_sum);
 
     return ngx_sprintf(p, "\n}\n");
 }
 
 
-/* ",\n  "name": {"buckets": {...}, "sum": ms, "count": n}" */
+/* head, then {"buckets": {...}, "sum": ms, "count": n} */
 
 static u_char *
-ngx_http_idempotency_status_histogram_json(u_char *p, const char *name,
+ngx_http_idempotency_status_histogram_json(u_char *p, const char *head,
     ngx_atomic_t *bucket, ngx_atomic_uint_t sum)
 {
     ngx_uint_t  n, count;
 
-    p = ngx_sprintf(p, ",\n  \"%s\": {\"buckets\": {", name);
+    p = ngx_sprintf(p, "%s{\"buckets\": {", head);
 
     count = 0;
 

@@ -116,15 +116,17 @@ my %count;
 $count{$_}++ for slurp($exec_log) =~ /^EXEC (\S+)$/mg;
 
 for my $loc ('w', 'p') {
-    my @keys = map { /^(\S+) (\d)$/ ? [$1, $2] : () }
+    my @keys = map { /^(\S+) (\d) (\d+)$/ ? [$1, $2, $3] : () }
                map { split /\n/, slurp("$dir/lane-$loc-$_") }
                1 .. $Lanes{$loc};
     my @twice = grep { ($count{$_->[0]} // 0) > 1 } @keys;
     my @open = grep { !$_->[1] } @keys;
+    my $refused = 0;
+    $refused += $_->[2] for @keys;
 
-    diag(sprintf('/%s: %d keys, %d ran twice, %d not answered; master '
-                 . 'killed after %.1f s', $loc, scalar @keys, scalar @twice,
-                 scalar @open, $killed));
+    diag(sprintf('/%s: %d keys, %d ran twice, %d not answered, %d answers '
+                 . '503; master killed after %.1f s', $loc, scalar @keys,
+                 scalar @twice, scalar @open, $refused, $killed));
 
     cmp_ok(scalar @keys, '>=', 10, "/$loc: keys were claimed");
 
@@ -153,7 +155,7 @@ done_testing();
 
 # A lane: new keys "<loc>-<lane>-<i>" one after another until $stop_new
 # exists, each sent by three clients at once, each client sending again
-# (50 ms apart) until it has a 2xx answer; "<key> <1: all answered>" lines
+# (50 ms apart) until it has a 2xx answer; "<key> <1: all answered> <503s>"
 # in lane-<loc>-<lane>.
 sub lane {
     my ($loc, $lane) = @_;
@@ -169,6 +171,7 @@ sub lane {
         my $key = "$loc-$lane-$i";
         my $until = Time::HiRes::time() + 30;
         my @todo = (1, 2, 3);
+        my $refused = 0;
 
         while (@todo && Time::HiRes::time() < $until) {
             my %s;
@@ -182,17 +185,20 @@ sub lane {
                     . "Connection: close\r\n\r\nx";
             }
 
-            @todo = grep { !answered($s{$_}) } @todo;
+            my @status = map { [$_, answered($s{$_})] } @todo;
+            $refused += grep { $_->[1] == 503 } @status;
+            @todo = map { $_->[0] } grep { $_->[1] !~ /^2/ } @status;
             Time::HiRes::sleep(0.05) if @todo;
         }
 
-        print $out "$key " . (@todo ? 0 : 1) . "\n";
+        print $out "$key " . (@todo ? 0 : 1) . " $refused\n";
     }
 
     close $out;
     POSIX::_exit(0);
 }
 
+# the status of the answer, 0 without one
 sub answered {
     my ($s) = @_;
     return 0 unless $s;
@@ -207,7 +213,7 @@ sub answered {
     };
     alarm(0);
 
-    return $resp =~ m{^HTTP/1\.\d 2\d\d} ? 1 : 0;
+    return $resp =~ m{^HTTP/1\.\d (\d+)} ? $1 : 0;
 }
 
 sub post {
