@@ -99,30 +99,35 @@ static const char *ngx_http_idempotency_redis_hello_check(
  */
 static ngx_http_idempotency_redis_cmd_t  ngx_http_idempotency_redis_claim = {
     "claim", ngx_http_idempotency_lua_claim,
-    sizeof(ngx_http_idempotency_lua_claim) - 1, "", NULL, NULL, 1
+    sizeof(ngx_http_idempotency_lua_claim) - 1, "", NULL, NULL,
+    NGX_HTTP_IDEMPOTENCY_REDIS_WAIT_WRITTEN
 };
 
 /*
  * The last field: the writes whose lost copy could let an operation run
  * twice wait for replicas (wait_replicas=, wait_aof): the claim, the
  * store (a record, a "held" or over-size marker), the renewal of a lock
- * and a split record's chunks.  A release does not (a lost one leaves a
+ * and a split record's chunks (the claim once its reply says it wrote:
+ * a replay sends no WAIT).  A release does not (a lost one leaves a
  * claim that makes a retry wait, never run twice), nor do the admin's
  * purge or the reads.
  */
 static ngx_http_idempotency_redis_cmd_t
     ngx_http_idempotency_redis_scripts[NGX_HTTP_IDEMPOTENCY_SCRIPT_N] = {
 
-    { "claim", NULL, 0, "", "SET", &ngx_http_idempotency_redis_claim, 1 },
+    { "claim", NULL, 0, "", "SET", &ngx_http_idempotency_redis_claim,
+      NGX_HTTP_IDEMPOTENCY_REDIS_WAIT_WRITTEN },
 
     { "store", ngx_http_idempotency_lua_store,
-      sizeof(ngx_http_idempotency_lua_store) - 1, "", NULL, NULL, 1 },
+      sizeof(ngx_http_idempotency_lua_store) - 1, "", NULL, NULL,
+      NGX_HTTP_IDEMPOTENCY_REDIS_WAIT_ALWAYS },
 
     { "release", ngx_http_idempotency_lua_release,
       sizeof(ngx_http_idempotency_lua_release) - 1, "", NULL, NULL, 0 },
 
     { "renew", ngx_http_idempotency_lua_renew,
-      sizeof(ngx_http_idempotency_lua_renew) - 1, "", NULL, NULL, 1 },
+      sizeof(ngx_http_idempotency_lua_renew) - 1, "", NULL, NULL,
+      NGX_HTTP_IDEMPOTENCY_REDIS_WAIT_ALWAYS },
 
     { "inspect", ngx_http_idempotency_lua_inspect,
       sizeof(ngx_http_idempotency_lua_inspect) - 1, "", NULL, NULL, 0 },
@@ -131,7 +136,8 @@ static ngx_http_idempotency_redis_cmd_t
       sizeof(ngx_http_idempotency_lua_purge) - 1, "", NULL, NULL, 0 },
 
     /* a split record's body: written before its head, read for a replay */
-    { "body store", NULL, 0, "", "SET", NULL, 1 },
+    { "body store", NULL, 0, "", "SET", NULL,
+      NGX_HTTP_IDEMPOTENCY_REDIS_WAIT_ALWAYS },
     { "body read", NULL, 0, "", "GET", NULL, 0 },
 
     /* a record and its remaining TTL, for the replay cache */

@@ -138,6 +138,7 @@ struct ngx_http_idempotency_redis_node_s {
     ngx_queue_t                          acking;
     ngx_event_t                          wait_event;
     ngx_uint_t                           waits;    /* WAITs not answered */
+    uint64_t                             wait_seq; /* the last one's place */
     unsigned                             wait_due:1; /* writes since */
     u_char                               policy[24];
     size_t                               policy_len;

@@ -41,8 +41,18 @@ struct ngx_http_idempotency_redis_cmd_s {
     u_char                               sha[SHA_DIGEST_LENGTH * 2];
     const char                          *native;
     ngx_http_idempotency_redis_cmd_t    *script;   /* of a native one */
-    ngx_uint_t                           wait;     /* waits for WAIT */
+    ngx_uint_t                           wait;     /* WAIT_* below */
 };
+
+
+/*
+ * With wait_replicas=: a write that always writes has a WAIT queued
+ * behind it at once; a claim only once its reply says it wrote (nil), so
+ * that a replay (HIT) sends no WAIT
+ */
+#define NGX_HTTP_IDEMPOTENCY_REDIS_WAIT_NONE     0
+#define NGX_HTTP_IDEMPOTENCY_REDIS_WAIT_ALWAYS   1
+#define NGX_HTTP_IDEMPOTENCY_REDIS_WAIT_WRITTEN  2
 
 
 /*

@@ -291,7 +291,9 @@ ngx_http_idempotency_redis_op_send(ngx_http_idempotency_redis_op_t *op)
 
     start = ngx_http_idempotency_redis_frame(op, 0, &len);
 
-    if (op->cmd->wait && node->conf->wait) {
+    if (op->cmd->wait == NGX_HTTP_IDEMPOTENCY_REDIS_WAIT_ALWAYS
+        && node->conf->wait)
+    {
         ngx_http_idempotency_redis_wait_arm(node);
     }
 
@@ -600,10 +602,6 @@ ngx_http_idempotency_redis_op_reply(redisAsyncContext *ac, void *r,
             (void) redisAsyncCommand(ac,
                                      ngx_http_idempotency_redis_asking_reply,
                                      NULL, "ASKING");
-        }
-
-        if (op->cmd->wait && op->node->conf->wait) {
-            ngx_http_idempotency_redis_wait_arm(op->node);
         }
 
         if (redisAsyncFormattedCommand(ac, ngx_http_idempotency_redis_op_reply,

@@ -132,7 +132,21 @@ ngx_http_idempotency_redis_wait_arm(ngx_http_idempotency_redis_node_t *node)
 static void
 ngx_http_idempotency_redis_wait_posted(ngx_event_t *ev)
 {
-    ngx_http_idempotency_redis_wait_send(ev->data);
+    ngx_http_idempotency_redis_node_t  *node;
+
+    node = ev->data;
+
+    /* one was sent meanwhile (the one before answered): next time then */
+
+    if (node->waits) {
+        if (node->wait_seq < node->queued_seq) {
+            node->wait_due = 1;
+        }
+
+        return;
+    }
+
+    ngx_http_idempotency_redis_wait_send(node);
 }
 
 
@@ -166,6 +180,7 @@ ngx_http_idempotency_redis_wait_send(ngx_http_idempotency_redis_node_t *node)
 
     w->node = node;
     w->seq = node->queued_seq;
+    node->wait_seq = w->seq;
 
     argc = 0;
 
@@ -257,6 +272,15 @@ ngx_http_idempotency_redis_wait_hold(ngx_http_idempotency_redis_op_t *op,
 
     op->timer.cancelable = 0;
     ngx_add_timer(&op->timer, node->conf->wait_timeout + node->conf->timeout);
+
+    /*
+     * No WAIT queued behind it yet (a claim, or a resend as EVAL): one
+     * goes at the end of this pass, or when the one on its way answers
+     */
+
+    if (op->seq > node->wait_seq) {
+        ngx_http_idempotency_redis_wait_arm(node);
+    }
 
     ngx_log_debug2(NGX_LOG_DEBUG_HTTP, node->log, 0,
                    "idempotency redis: \"%V\" op:%p waits for replicas",

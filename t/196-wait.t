@@ -3,8 +3,9 @@
 # a replica and three sentinels (t/lib/RedisTopology), one nginx with two
 # workers and three locations: behind Sentinel, a single server (the
 # master's address) and wait_aof.  Claims with the replica up are MISS,
-# HIT, and one WAIT acknowledges many of them (group commit); with the
-# replica stopped a claim is refused (503) and never reaches the upstream;
+# HIT (a replay sends no WAIT), and one WAIT acknowledges many of them
+# (group commit); with the replica stopped a claim is refused (503) and
+# never reaches the upstream;
 # wait_aof with the AOF off (and, on Redis 7.2 or newer, on); the eviction
 # policy warned about and shown.  nginx -t refuses bad option values.
 #
@@ -125,6 +126,12 @@ is(scalar(grep { /^many-/ && $c->{$_} == 1 } keys %$c), $n,
 cmp_ok($waits, '<', $n,
        "fewer WAITs ($waits) than the $n claims alone, with their $n stores "
        . '(group commit)');
+
+# a replay wrote nothing: no WAIT for it
+my $before = wait_calls();
+my $hits = grep { post('/s', "many-$_")->{idem} eq 'HIT' } 1 .. 20;
+is($hits, 20, 'the keys are replayed (HIT)');
+is(wait_calls() - $before, 0, 'and the replays sent no WAIT');
 
 my $st = status();
 like($st, qr/"waits": [1-9]/, 'status: waits counted');
