@@ -35,7 +35,7 @@ plan skip_all => 'redis-server and redis-cli are needed'
     unless `sh -c 'command -v redis-server && command -v redis-cli'`
            =~ /redis-cli/;
 
-my $Prefix = 't197:';
+my $Prefix = 't201:';
 my $Name = 'mymaster';
 my $Nginx = $ENV{TEST_NGINX_BINARY} || '/usr/sbin/nginx';
 # lanes per location, each one key after another (a /w key takes two
@@ -44,7 +44,7 @@ my %Lanes = (w => 8, p => 4);
 my $Lag = 0.2;          # seconds the replica lags behind
 
 my $base = -d 'build/test' ? 'build/test' : File::Spec->tmpdir;
-my $dir = File::Spec->rel2abs(File::Temp::tempdir('t197-XXXXXX',
+my $dir = File::Spec->rel2abs(File::Temp::tempdir('t201-XXXXXX',
                                                    DIR => $base));
 
 my $topo = RedisTopology->new(dir => $dir, name => $Name, down_after => 500,

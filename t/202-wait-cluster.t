@@ -26,7 +26,7 @@ use RedisTopology ();
 plan skip_all => 'TEST_NGINX_LOAD_MODULES is not set (run via make test)'
     unless $ENV{TEST_NGINX_LOAD_MODULES};
 
-my $Prefix = 't198:';
+my $Prefix = 't202:';
 my $Nginx = $ENV{TEST_NGINX_BINARY} || '/usr/sbin/nginx';
 
 my $cl = IdemCluster->start(3)
@@ -36,7 +36,7 @@ my @replica = map { $cl->add_replica($_) } 0 .. 2;
 $cl->wait_ok(20) or BAIL_OUT('the cluster with replicas is not ok');
 
 my $base = -d 'build/test' ? 'build/test' : File::Spec->tmpdir;
-my $dir = File::Spec->rel2abs(File::Temp::tempdir('t198-XXXXXX',
+my $dir = File::Spec->rel2abs(File::Temp::tempdir('t202-XXXXXX',
                                                    DIR => $base));
 my $port = RedisTopology::free_port();
 my $nginx_pid;

@@ -32,12 +32,12 @@ plan skip_all => 'redis-server and redis-cli are needed'
     unless `sh -c 'command -v redis-server && command -v redis-cli'`
            =~ /redis-cli/;
 
-my $Prefix = 't196:';
+my $Prefix = 't200:';
 my $Name = 'mymaster';
 my $Nginx = $ENV{TEST_NGINX_BINARY} || '/usr/sbin/nginx';
 
 my $base = -d 'build/test' ? 'build/test' : File::Spec->tmpdir;
-my $dir = File::Spec->rel2abs(File::Temp::tempdir('t196-XXXXXX',
+my $dir = File::Spec->rel2abs(File::Temp::tempdir('t200-XXXXXX',
                                                    DIR => $base));
 
 my $nginx_pid;
