@@ -1,8 +1,9 @@
 # wait_replicas=, wait_aof, wait_timeout= (idempotency_redis): a claim and
 # a stored record count only once a replica acknowledged them.  A master,
 # a replica and three sentinels (t/lib/RedisTopology), one nginx with two
-# workers and three locations: behind Sentinel, a single server (the
-# master's address) and wait_aof.  Claims with the replica up are MISS,
+# workers and four locations: behind Sentinel, a single server (the
+# master's address), the same by a name the workers resolve (resolve,
+# t/lib/TinyDNS) and wait_aof.  Claims with the replica up are MISS,
 # HIT (a replay sends no WAIT), and one WAIT acknowledges many of them
 # (group commit); with the replica stopped a claim is refused (503) and
 # never reaches the upstream;
@@ -25,6 +26,7 @@ use Time::HiRes ();
 use lib 't/lib';
 use IdemTest ();
 use RedisTopology;
+use TinyDNS;
 
 plan skip_all => 'TEST_NGINX_LOAD_MODULES is not set (run via make test)'
     unless $ENV{TEST_NGINX_LOAD_MODULES};
@@ -85,6 +87,10 @@ unless ($topo->start) {
 my $master = $topo->{master_port};
 my $replica = $topo->{replica_port};
 
+# the master by a name the workers resolve (resolve)
+my $dns = TinyDNS->new(dir => $dir, ttl => 1);
+$dns->set('redis.test' => '127.0.0.1');
+
 # a policy that may evict keys with a TTL (maxmemory 0: none is evicted)
 $topo->cli($master, 'CONFIG', 'SET', 'maxmemory-policy', 'volatile-lru');
 
@@ -96,11 +102,15 @@ ok(wait_for(15, sub { post('/s', 'warm-s')->{status} == 201 }),
 ok(wait_for(10, sub { post('/d', 'warm-d')->{status} == 201 }),
    'a single server with wait_replicas=1: a claim runs')
     or diag(tail("$dir/nginx/logs/error.log"));
+ok(wait_for(10, sub { post('/r', 'warm-r')->{status} == 201 }),
+   'a name resolved by the workers (resolve) with wait_replicas=1: a '
+   . 'claim runs')
+    or diag(tail("$dir/nginx/logs/error.log"));
 
 
 # --- the replica up: MISS, HIT, WAIT sent ---------------------------------
 
-for my $loc ('/s', '/d') {
+for my $loc ('/s', '/d', '/r') {
     my $r1 = post($loc, "k$loc");
     is($r1->{idem}, 'MISS', "$loc: a new key runs (MISS)");
     my $r2 = post($loc, "k$loc");
@@ -149,14 +159,14 @@ like(slurp("$dir/nginx/logs/error.log"),
 
 $topo->kill_server($replica);
 
-for my $loc ('/s', '/d') {
+for my $loc ('/s', '/d', '/r') {
     my $r = post($loc, "down$loc");
     is($r->{status}, 503, "$loc: with the replica down a claim is refused "
        . '(503)');
 }
 
 $c = exec_counts();
-ok(!$c->{'down/s'} && !$c->{'down/d'},
+ok(!$c->{'down/s'} && !$c->{'down/d'} && !$c->{'down/r'},
    'and the refused claims never reached the upstream');
 
 $st = status();
@@ -344,6 +354,15 @@ http {
             proxy_pass http://127.0.0.1:$port/backend;
         }
 
+        location = /r {
+            idempotency on;
+            resolver 127.0.0.1:@{[ $dns->port ]} valid=1s;
+            idempotency_redis redis.test:$master resolve prefix=$Prefix
+                              wait_replicas=1 wait_timeout=300ms;
+            add_header X-Idempotency-Status \$idempotency_status always;
+            proxy_pass http://127.0.0.1:$port/backend;
+        }
+
         location = /open {
             idempotency on;
             idempotency_on_store_error open;
@@ -401,6 +420,7 @@ sub stop_all {
     }
 
     $topo->stop if $topo;
+    $dns->stop if $dns;
 }
 
 sub slurp {
