@@ -5,8 +5,9 @@
 # master's address), the same by a name the workers resolve (resolve,
 # t/lib/TinyDNS) and wait_aof.  Claims with the replica up are MISS,
 # HIT (a replay sends no WAIT), and one WAIT acknowledges many of them
-# (group commit); with the replica stopped a claim is refused (503) and
-# never reaches the upstream;
+# (group commit); a store the replica does not acknowledge (SIGSTOP) is
+# sent again until it does; with the replica stopped a claim is refused
+# (503) and never reaches the upstream;
 # wait_aof with the AOF off (and, on Redis 7.2 or newer, on); the eviction
 # policy warned about and shown.  nginx -t refuses bad option values.
 #
@@ -26,6 +27,7 @@ use Time::HiRes ();
 use lib 't/lib';
 use IdemTest ();
 use RedisTopology;
+use DelayProxy ();
 use TinyDNS;
 
 plan skip_all => 'TEST_NGINX_LOAD_MODULES is not set (run via make test)'
@@ -91,6 +93,9 @@ my $replica = $topo->{replica_port};
 my $dns = TinyDNS->new(dir => $dir, ttl => 1);
 $dns->set('redis.test' => '127.0.0.1');
 
+# the upstream 1 s away (/slow)
+my ($slow_pid, $slow) = DelayProxy::start($port, 1);
+
 # a policy that may evict keys with a TTL (maxmemory 0: none is evicted)
 $topo->cli($master, 'CONFIG', 'SET', 'maxmemory-policy', 'volatile-lru');
 
@@ -153,6 +158,38 @@ like($st, qr/"maxmemory_policy": "volatile-lru"/,
 like(slurp("$dir/nginx/logs/error.log"),
      qr/has maxmemory-policy volatile-lru: under memory pressure it may evict/,
      'the eviction policy is warned about at the handshake');
+
+
+# --- a store the replica does not acknowledge is sent again -----------------
+
+# the upstream answers 1 s late (a delaying proxy in front of it): the
+# claim is acknowledged, then the replica stops before the store
+my $sock = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port,
+                                 Timeout => 10);
+print $sock "POST /slow HTTP/1.1\r\nHost: localhost\r\n"
+    . "Idempotency-Key: resend-1\r\nContent-Length: 1\r\n"
+    . "Connection: close\r\n\r\nx";
+ok(wait_for(5, sub { record_on($replica, 'resend-1') }),
+   'a slow request\'s claim reaches the replica');
+kill 'STOP', $topo->{pids}{$replica};
+ok(wait_for(10, sub { status() =~ /"store_resent": [1-9]/ }),
+   'its store, not acknowledged, is sent again (store_resent)');
+kill 'CONT', $topo->{pids}{$replica};
+my $resp = '';
+{
+    local $/;
+    local $SIG{ALRM} = sub { die "timeout\n" };
+    alarm(15);
+    $resp = eval { readline($sock) } // '';
+    alarm(0);
+}
+like($resp, qr{^HTTP/1\.1 201}, 'the client got its answer');
+ok(wait_for(10, sub { post('/slow', 'resend-1')->{idem} eq 'HIT' }),
+   'once the replica is back the record is stored: a retry is replayed');
+ok(wait_for(5, sub {
+       $topo->cli($replica, 'GET', record_key('resend-1')) =~ /^idem1 done /
+   }), 'and the replica has it complete');
+is(exec_counts()->{'resend-1'}, 1, 'the operation ran once');
 
 
 # --- the replica down: claims refused, nothing runs -------------------------
@@ -238,6 +275,11 @@ sub exec_counts {
     my %n;
     $n{$_}++ for slurp($exec_log) =~ /^EXEC (\S+)$/mg;
     return \%n;
+}
+
+sub record_key {
+    my ($key) = @_;
+    return $topo->cli($master, '--scan', '--pattern', "$Prefix*:$key");
 }
 
 sub record_on {
@@ -379,6 +421,15 @@ http {
             proxy_pass http://127.0.0.1:$port/backend;
         }
 
+        location = /slow {
+            idempotency on;
+            idempotency_redis $s sentinel=$Name prefix=$Prefix
+                              timeout=1s connect_timeout=300ms
+                              wait_replicas=1 wait_timeout=300ms;
+            add_header X-Idempotency-Status \$idempotency_status always;
+            proxy_pass http://127.0.0.1:$slow/backend;
+        }
+
         location = /backend {
             access_log logs/exec.log exec;
             return 201 "ran \$request_id\\n";
@@ -421,6 +472,8 @@ sub stop_all {
 
     $topo->stop if $topo;
     $dns->stop if $dns;
+    DelayProxy::stop($slow_pid) if $slow_pid;
+    undef $slow_pid;
 }
 
 sub slurp {
