@@ -70,6 +70,9 @@ TARGETS = [
     ("HIT / ceiling", "hit", "ceiling", 0.7),
     # issue 25: a replay from the node's cache (idempotency_cache)
     ("cached HIT / ceiling", "cache-hit", "ceiling", 0.85),
+    # issue 34: claims and records acknowledged by a replica on the same
+    # machine (wait_replicas=1), against the same MISS without
+    ("MISS wait_replicas=1 / MISS", "miss-wait", "miss", 0.8),
 ]
 
 # name -> (subject, key mode)
@@ -77,6 +80,7 @@ SCENARIOS = {
     "ceiling": ("ceiling", "cycle"),
     "baseline": ("plain", "cycle"),
     "miss": ("module", "unique"),
+    "miss-wait": ("module", "unique"),
     "hit": ("module", "cycle"),
     "cache-hit": ("module", "cycle"),
     "srcache-miss": ("srcache", "unique"),
@@ -85,8 +89,9 @@ SCENARIOS = {
     "lua-hit": ("lua", "cycle"),
 }
 # the location a scenario uses, when not /orders
-PATHS = {"cache-hit": "/cached/orders"}
-ORDER = ["ceiling", "baseline", "miss", "hit", "cache-hit", "srcache-miss",
+PATHS = {"cache-hit": "/cached/orders", "miss-wait": "/wait/orders"}
+ORDER = ["ceiling", "baseline", "miss", "miss-wait", "hit", "cache-hit",
+         "srcache-miss",
          "srcache-hit", "lua-miss", "lua-hit"]
 
 
@@ -506,6 +511,16 @@ def subject_conf(subject, opts, port):
             idempotency_cache bench;
             proxy_pass http://app/;
         }
+        # the same with its claims and records acknowledged by a replica
+        # (miss-wait)
+        location /wait/ {
+            idempotency on;
+            idempotency_scope bench;
+            idempotency_ttl 1h;
+            idempotency_redis 127.0.0.1:%d prefix=bench:wait:
+                              wait_replicas=1;
+            proxy_pass http://app/;
+        }
         # the "large records" runs: 10 MB and 60 MB responses
         location /large/ {
             idempotency on;
@@ -515,7 +530,7 @@ def subject_conf(subject, opts, port):
         }
     }
 }
-""" % listen
+""" % (listen, opts.redis_port)
     if subject == "srcache":
         return ("load_module %s/ngx_http_srcache_filter_module.so;\n"
                 "load_module %s/ngx_http_memc_module.so;\n" % (MODDIR, MODDIR)
@@ -871,6 +886,17 @@ class Bench:
              "--daemonize", "no", "--dir", rdir,
              "--logfile", os.path.join(rdir, "redis.log")],
             os.path.join(rdir, "stdout.log")), o.redis_port)
+        # a replica of it on the same machine, for miss-wait
+        if "miss-wait" in o.scenarios:
+            o.replica_port = free_port()
+            self.start(Service(
+                "redis-replica",
+                ["redis-server", "--bind", "127.0.0.1", "--port",
+                 str(o.replica_port), "--save", "", "--appendonly", "no",
+                 "--daemonize", "no", "--dir", rdir,
+                 "--replicaof", "127.0.0.1", str(o.redis_port),
+                 "--logfile", os.path.join(rdir, "replica.log")],
+                os.path.join(rdir, "replica-stdout.log")), o.replica_port)
         self.memcached = None
         if any(SCENARIOS[s][0] == "srcache" for s in o.scenarios):
             self.memcached = self.start(Service(

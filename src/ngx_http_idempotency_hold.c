@@ -57,6 +57,12 @@ ngx_http_idempotency_settle_wait(ngx_http_idempotency_ctx_t *ctx,
 
     timeout = ctx->conf->redis->timeout ? ctx->conf->redis->timeout : 1000;
 
+    /* a store that waits for replicas (wait_replicas=) may take that long */
+
+    if (ctx->conf->redis->wait) {
+        timeout += ctx->conf->redis->wait_timeout;
+    }
+
     /*
      * armed before nginx arms send_timeout for the same moment or later:
      * this timer goes first (and wake() takes the other one off)

@@ -16,6 +16,7 @@
 #include "ngx_http_idempotency_redis.h"
 #include "ngx_http_idempotency_record.h"
 #include "ngx_http_idempotency_redis_topology.h"
+#include "ngx_http_idempotency_redis_wait.h"
 #include "ngx_http_idempotency_scripts.h"
 #include "ngx_http_idempotency_slot.h"
 #include "ngx_http_idempotency_stats.h"
@@ -98,41 +99,55 @@ static const char *ngx_http_idempotency_redis_hello_check(
  */
 static ngx_http_idempotency_redis_cmd_t  ngx_http_idempotency_redis_claim = {
     "claim", ngx_http_idempotency_lua_claim,
-    sizeof(ngx_http_idempotency_lua_claim) - 1, "", NULL, NULL
+    sizeof(ngx_http_idempotency_lua_claim) - 1, "", NULL, NULL,
+    NGX_HTTP_IDEMPOTENCY_REDIS_WAIT_WRITTEN
 };
 
+/*
+ * The last field: the writes whose lost copy could let an operation run
+ * twice wait for replicas (wait_replicas=, wait_aof): the claim, the
+ * store (a record, a "held" or over-size marker), the renewal of a lock
+ * and a split record's chunks (the claim once its reply says it wrote:
+ * a replay sends no WAIT).  A release does not (a lost one leaves a
+ * claim that makes a retry wait, never run twice), nor do the admin's
+ * purge or the reads.
+ */
 static ngx_http_idempotency_redis_cmd_t
     ngx_http_idempotency_redis_scripts[NGX_HTTP_IDEMPOTENCY_SCRIPT_N] = {
 
-    { "claim", NULL, 0, "", "SET", &ngx_http_idempotency_redis_claim },
+    { "claim", NULL, 0, "", "SET", &ngx_http_idempotency_redis_claim,
+      NGX_HTTP_IDEMPOTENCY_REDIS_WAIT_WRITTEN },
 
     { "store", ngx_http_idempotency_lua_store,
-      sizeof(ngx_http_idempotency_lua_store) - 1, "", NULL, NULL },
+      sizeof(ngx_http_idempotency_lua_store) - 1, "", NULL, NULL,
+      NGX_HTTP_IDEMPOTENCY_REDIS_WAIT_ALWAYS },
 
     { "release", ngx_http_idempotency_lua_release,
-      sizeof(ngx_http_idempotency_lua_release) - 1, "", NULL, NULL },
+      sizeof(ngx_http_idempotency_lua_release) - 1, "", NULL, NULL, 0 },
 
     { "renew", ngx_http_idempotency_lua_renew,
-      sizeof(ngx_http_idempotency_lua_renew) - 1, "", NULL, NULL },
+      sizeof(ngx_http_idempotency_lua_renew) - 1, "", NULL, NULL,
+      NGX_HTTP_IDEMPOTENCY_REDIS_WAIT_ALWAYS },
 
     { "inspect", ngx_http_idempotency_lua_inspect,
-      sizeof(ngx_http_idempotency_lua_inspect) - 1, "", NULL, NULL },
+      sizeof(ngx_http_idempotency_lua_inspect) - 1, "", NULL, NULL, 0 },
 
     { "purge", ngx_http_idempotency_lua_purge,
-      sizeof(ngx_http_idempotency_lua_purge) - 1, "", NULL, NULL },
+      sizeof(ngx_http_idempotency_lua_purge) - 1, "", NULL, NULL, 0 },
 
     /* a split record's body: written before its head, read for a replay */
-    { "body store", NULL, 0, "", "SET", NULL },
-    { "body read", NULL, 0, "", "GET", NULL },
+    { "body store", NULL, 0, "", "SET", NULL,
+      NGX_HTTP_IDEMPOTENCY_REDIS_WAIT_ALWAYS },
+    { "body read", NULL, 0, "", "GET", NULL, 0 },
 
     /* a record and its remaining TTL, for the replay cache */
     { "cache fetch", ngx_http_idempotency_lua_cache,
-      sizeof(ngx_http_idempotency_lua_cache) - 1, "", NULL, NULL },
+      sizeof(ngx_http_idempotency_lua_cache) - 1, "", NULL, NULL, 0 },
 
     /* a waiting duplicate's mark, and the settle step's notification */
-    { "wait mark", NULL, 0, "", "SET", NULL },
+    { "wait mark", NULL, 0, "", "SET", NULL, 0 },
     { "wait wake", ngx_http_idempotency_lua_wake,
-      sizeof(ngx_http_idempotency_lua_wake) - 1, "", NULL, NULL }
+      sizeof(ngx_http_idempotency_lua_wake) - 1, "", NULL, NULL, 0 }
 };
 
 
@@ -142,7 +157,8 @@ static ngx_http_idempotency_redis_cmd_t
  * each script, the claim's too
  */
 static ngx_http_idempotency_redis_step_t
-    ngx_http_idempotency_redis_loads[1 + NGX_HTTP_IDEMPOTENCY_SCRIPT_N + 1];
+    ngx_http_idempotency_redis_loads[1 + NGX_HTTP_IDEMPOTENCY_SCRIPT_N + 1
+                                     + NGX_HTTP_IDEMPOTENCY_REDIS_WAIT_STEPS];
 
 
 ngx_int_t
@@ -205,6 +221,11 @@ ngx_http_idempotency_redis_init_process(ngx_cycle_t *cycle,
         step->check = ngx_http_idempotency_redis_load_check;
         step->data = s;
     }
+
+    /* the eviction policy, and whether wait_aof can work */
+
+    n += ngx_http_idempotency_redis_wait_steps(
+                                      &ngx_http_idempotency_redis_loads[n]);
 
     ngx_http_idempotency_redis_ops_init();
     ngx_http_idempotency_slot_tags_init();

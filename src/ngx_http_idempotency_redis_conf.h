@@ -31,6 +31,15 @@ typedef struct ngx_http_idempotency_redis_tls_s
     ngx_http_idempotency_redis_tls_t;
 
 
+/*
+ * wait_timeout= when not given: far above what a replica on the same
+ * network takes to acknowledge (well under a millisecond), so that it is
+ * reached only when a replica is down or lagging behind
+ */
+#define NGX_HTTP_IDEMPOTENCY_REDIS_WAIT_TIMEOUT       1000
+#define NGX_HTTP_IDEMPOTENCY_REDIS_WAIT_REPLICAS_MAX  16
+
+
 /* one "idempotency_redis" directive; identical directives share one */
 typedef struct {
     ngx_str_t                            text;     /* all arguments, for logs */
@@ -52,6 +61,16 @@ typedef struct {
     ngx_msec_t                           timeout;
     ngx_str_t                            prefix;
     ngx_http_idempotency_redis_tls_t    *tls;      /* NULL: plain */
+
+    /*
+     * wait_replicas=, wait_aof, wait_timeout=: claims, stores and renewals
+     * count once this many replicas (and, with wait_aof, the master's
+     * AOF) acknowledged them: one WAIT (WAITAOF) per batch of writes
+     */
+    ngx_uint_t                           wait_replicas;
+    ngx_msec_t                           wait_timeout;
+    unsigned                             wait_aof:1;
+    unsigned                             wait:1;   /* either of them */
 
     /*
      * hosts: the host of each address in addrs as written (a name or an

@@ -102,7 +102,8 @@ ngx_http_idempotency_redis_conf_parse(ngx_conf_t *cf, ngx_command_t *cmd,
         if (ngx_strlchr(value[i].data, value[i].data + value[i].len, '=')
             != NULL
             || ngx_strcmp(value[i].data, "cluster") == 0
-            || ngx_strcmp(value[i].data, "resolve") == 0)
+            || ngx_strcmp(value[i].data, "resolve") == 0
+            || ngx_strcmp(value[i].data, "wait_aof") == 0)
         {
             rv = ngx_http_idempotency_redis_option(cf, cmd, rcf, &value[i]);
 
@@ -177,6 +178,18 @@ ngx_http_idempotency_redis_conf_parse(ngx_conf_t *cf, ngx_command_t *cmd,
 
         /* SELECT 0 is allowed by a cluster node but says nothing */
         rcf->db = -1;
+    }
+
+    if (rcf->wait_timeout && !rcf->wait) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"%V\" directive: \"wait_timeout=\" needs "
+                           "\"wait_replicas=\" or \"wait_aof\"",
+                           &cmd->name);
+        return NGX_CONF_ERROR;
+    }
+
+    if (rcf->wait_timeout == 0) {
+        rcf->wait_timeout = NGX_HTTP_IDEMPOTENCY_REDIS_WAIT_TIMEOUT;
     }
 
     if (rcf->user.len && rcf->password.len == 0) {
@@ -569,6 +582,41 @@ ngx_http_idempotency_redis_option(ngx_conf_t *cf, ngx_command_t *cmd,
         }
 
         rcf->timeout = ms;
+        return NGX_CONF_OK;
+    }
+
+    if (ngx_strcmp(value->data, "wait_aof") == 0) {
+        rcf->wait_aof = 1;
+        rcf->wait = 1;
+        return NGX_CONF_OK;
+    }
+
+    if (ngx_strncmp(value->data, "wait_replicas=", 14) == 0) {
+        n = ngx_atoi(value->data + 14, value->len - 14);
+
+        /* WAIT 0 would acknowledge nothing; more than a few is a typo */
+
+        if (n == NGX_ERROR || n < 1
+            || n > NGX_HTTP_IDEMPOTENCY_REDIS_WAIT_REPLICAS_MAX)
+        {
+            goto invalid;
+        }
+
+        rcf->wait_replicas = n;
+        rcf->wait = 1;
+        return NGX_CONF_OK;
+    }
+
+    if (ngx_strncmp(value->data, "wait_timeout=", 13) == 0) {
+        v.data = value->data + 13;
+        v.len = value->len - 13;
+
+        ms = ngx_parse_time(&v, 0);
+        if (ms == (ngx_msec_t) NGX_ERROR || ms == 0) {
+            goto invalid;
+        }
+
+        rcf->wait_timeout = ms;
         return NGX_CONF_OK;
     }
 

@@ -89,11 +89,11 @@ static ngx_uint_t                          ngx_http_idempotency_redis_nsteps;
 
 /* how AUTH's and SELECT's replies are judged: an error reply is a refusal */
 static ngx_http_idempotency_redis_step_t  ngx_http_idempotency_redis_auth = {
-    "AUTH failed", 0, { NULL }, { 0 }, NULL, NULL
+    "AUTH failed", 0, { NULL }, { 0 }, NULL, NULL, NULL
 };
 
 static ngx_http_idempotency_redis_step_t  ngx_http_idempotency_redis_select = {
-    "SELECT failed", 0, { NULL }, { 0 }, NULL, NULL
+    "SELECT failed", 0, { NULL }, { 0 }, NULL, NULL, NULL
 };
 
 
@@ -183,6 +183,7 @@ ngx_http_idempotency_redis_node_create(ngx_http_idempotency_redis_conf_t *rcf,
 
     ngx_queue_init(&node->parked);
     ngx_queue_init(&node->doomed);
+    ngx_queue_init(&node->acking);
 
     return node;
 }
@@ -475,6 +476,10 @@ ngx_http_idempotency_redis_send_steps(ngx_http_idempotency_redis_node_t *node,
     ngx_uint_t  i;
 
     for (i = 0; i < n; i++) {
+        if (steps[i].wanted && !steps[i].wanted(node)) {
+            continue;
+        }
+
         if (ngx_http_idempotency_redis_send_step(node, &steps[i],
                                                  steps[i].argc, steps[i].argv,
                                                  steps[i].argvlen)

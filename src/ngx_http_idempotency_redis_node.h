@@ -45,10 +45,15 @@ typedef const char *(*ngx_http_idempotency_redis_check_pt)(
 struct ngx_http_idempotency_redis_step_s {
     const char                          *what;
     int                                  argc;
-    const char                          *argv[3];
-    size_t                               argvlen[3];
+    const char                          *argv[4];
+    size_t                               argvlen[4];
     ngx_http_idempotency_redis_check_pt  check;
     void                                *data;
+
+    /* NULL, or whether this node sends the step (e.g. its conf asks) */
+    ngx_uint_t                         (*wanted)(
+                                           ngx_http_idempotency_redis_node_t
+                                           *node);
 };
 
 
@@ -128,6 +133,21 @@ struct ngx_http_idempotency_redis_node_s {
     ngx_queue_t                          doomed;   /* given up, handler due */
     ngx_uint_t                           kept;     /* ever parked, not done */
     ngx_http_idempotency_redis_stats_t   stats;
+
+    /*
+     * ... and its redis_wait.c's: ops answered, waiting for the reply of
+     * the WAIT queued behind them (wait_replicas=, wait_aof); the event
+     * that queues a WAIT behind this pass's writes; the server's
+     * maxmemory-policy ("" until known)
+     */
+    ngx_queue_t                          acking;
+    ngx_event_t                          wait_event;
+    ngx_uint_t                           waits;    /* WAITs not answered */
+    uint64_t                             wait_seq; /* the last one's place */
+    unsigned                             wait_due:1; /* writes since */
+    u_char                               policy[24];
+    size_t                               policy_len;
+
     unsigned                             drained:1; /* notice due */
 
     /* the records layer's (ngx_http_idempotency_redis.c), each handshake */

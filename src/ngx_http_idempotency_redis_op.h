@@ -41,7 +41,18 @@ struct ngx_http_idempotency_redis_cmd_s {
     u_char                               sha[SHA_DIGEST_LENGTH * 2];
     const char                          *native;
     ngx_http_idempotency_redis_cmd_t    *script;   /* of a native one */
+    ngx_uint_t                           wait;     /* WAIT_* below */
 };
+
+
+/*
+ * With wait_replicas=: a write that always writes has a WAIT queued
+ * behind it at once; a claim only once its reply says it wrote (nil), so
+ * that a replay (HIT) sends no WAIT
+ */
+#define NGX_HTTP_IDEMPOTENCY_REDIS_WAIT_NONE     0
+#define NGX_HTTP_IDEMPOTENCY_REDIS_WAIT_ALWAYS   1
+#define NGX_HTTP_IDEMPOTENCY_REDIS_WAIT_WRITTEN  2
 
 
 /*
@@ -96,7 +107,8 @@ typedef enum {
     NGX_HTTP_IDEMPOTENCY_REDIS_OP_NEW = 0,    /* ours, not queued anywhere */
     NGX_HTTP_IDEMPOTENCY_REDIS_OP_SENT,       /* hiredis holds it */
     NGX_HTTP_IDEMPOTENCY_REDIS_OP_PARKED,     /* in node->parked */
-    NGX_HTTP_IDEMPOTENCY_REDIS_OP_DOOMED      /* in node->doomed */
+    NGX_HTTP_IDEMPOTENCY_REDIS_OP_DOOMED,     /* in node->doomed */
+    NGX_HTTP_IDEMPOTENCY_REDIS_OP_ACKING      /* in node->acking */
 } ngx_http_idempotency_redis_op_state_e;
 
 
@@ -114,11 +126,13 @@ struct ngx_http_idempotency_redis_op_s {
 
     /*
      * SENT: the command timeout; PARKED: the deadline or the next retry,
-     * cancelable; DOOMED: 0 ms, to call the handler outside the caller
+     * cancelable; DOOMED: 0 ms, to call the handler outside the caller;
+     * ACKING: the WAIT's reply is late
      */
     ngx_event_t                          timer;
 
-    ngx_queue_t                          queue;    /* PARKED, DOOMED */
+    ngx_queue_t                          queue;    /* PARKED, DOOMED,
+                                                      ACKING */
     ngx_http_idempotency_redis_info_t    info;     /* key inside the tail */
     ngx_msec_t                           deadline; /* retryable ops */
     size_t                               size;     /* the whole allocation */
@@ -132,6 +146,12 @@ struct ngx_http_idempotency_redis_op_s {
     size_t                               tail_len;
 
     ngx_http_idempotency_redis_op_state_e  state;
+
+    /* ACKING: the reply, told to the handler once a WAIT acknowledged it */
+    int                                  ack_type;
+    long long                            ack_integer;
+    size_t                               ack_len;
+    u_char                               ack_str[8];
 
     unsigned                             eval:1;   /* resent as EVAL */
     unsigned                             retry:1;  /* may be parked */

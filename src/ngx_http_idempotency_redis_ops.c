@@ -15,6 +15,7 @@
 
 #include "ngx_http_idempotency_redis_ops.h"
 #include "ngx_http_idempotency_redis_topology.h"
+#include "ngx_http_idempotency_redis_wait.h"
 #include "ngx_http_idempotency_stats.h"
 
 
@@ -59,10 +60,6 @@ static ngx_int_t ngx_http_idempotency_redis_redirect(
     ngx_http_idempotency_redis_op_t *op, redisReply *reply);
 static void ngx_http_idempotency_redis_asking_reply(redisAsyncContext *ac,
     void *r, void *privdata);
-static void ngx_http_idempotency_redis_op_detach(
-    ngx_http_idempotency_redis_op_t *op);
-static void ngx_http_idempotency_redis_op_finish(
-    ngx_http_idempotency_redis_op_t *op, redisReply *reply, ngx_uint_t rc);
 static ngx_http_idempotency_redis_op_t *ngx_http_idempotency_redis_op_create(
     ngx_http_idempotency_redis_node_t *node,
     const ngx_http_idempotency_redis_cmd_t *cmd, ngx_uint_t script,
@@ -294,6 +291,12 @@ ngx_http_idempotency_redis_op_send(ngx_http_idempotency_redis_op_t *op)
 
     start = ngx_http_idempotency_redis_frame(op, 0, &len);
 
+    if (op->cmd->wait == NGX_HTTP_IDEMPOTENCY_REDIS_WAIT_ALWAYS
+        && node->conf->wait)
+    {
+        ngx_http_idempotency_redis_wait_arm(node);
+    }
+
     if (redisAsyncFormattedCommand(ac, ngx_http_idempotency_redis_op_reply,
                                    op, (const char *) start, len)
         != REDIS_OK)
@@ -360,6 +363,7 @@ ngx_http_idempotency_redis_cancel(ngx_http_idempotency_redis_op_t *op)
         break;
 
     case NGX_HTTP_IDEMPOTENCY_REDIS_OP_DOOMED:
+    case NGX_HTTP_IDEMPOTENCY_REDIS_OP_ACKING:
         ngx_queue_remove(&op->queue);
         ngx_free(op);
         break;
@@ -406,6 +410,8 @@ ngx_http_idempotency_redis_connections(ngx_array_t *redis,
                 out[count].in_flight_bytes = node->queued;
                 out[count].commands = node->queued_seq;
                 out[count].stats = node->stats;
+                out[count].policy.data = node->policy;
+                out[count].policy.len = node->policy_len;
             }
 
             count++;
@@ -440,6 +446,11 @@ ngx_http_idempotency_redis_op_timeout_handler(ngx_event_t *ev)
 
     if (op->state == NGX_HTTP_IDEMPOTENCY_REDIS_OP_DOOMED) {
         ngx_http_idempotency_redis_give_up(op, op->info.reason);
+        return;
+    }
+
+    if (op->state == NGX_HTTP_IDEMPOTENCY_REDIS_OP_ACKING) {
+        ngx_http_idempotency_redis_wait_expired(op);
         return;
     }
 
@@ -664,6 +675,16 @@ ngx_http_idempotency_redis_op_reply(redisAsyncContext *ac, void *r,
         }
     }
 
+    /* a write that counts once replicas have it (wait_replicas=) */
+
+    if (op->handler
+        && op->cmd->wait
+        && op->node->conf->wait
+        && ngx_http_idempotency_redis_wait_hold(op, reply) == NGX_OK)
+    {
+        return;
+    }
+
     ngx_http_idempotency_redis_op_finish(op, reply,
                                          NGX_HTTP_IDEMPOTENCY_REDIS_OK);
 }
@@ -750,7 +771,11 @@ ngx_http_idempotency_redis_op_timer(ngx_http_idempotency_redis_op_t *op,
     extra = (ngx_msec_t) (node->queued
                           / (NGX_HTTP_IDEMPOTENCY_REDIS_BULK_RATE / 1000));
 
-    ngx_add_timer(&op->timer, node->conf->timeout + extra);
+    /* with wait_replicas=, a command may queue behind a WAIT that waits */
+
+    ngx_add_timer(&op->timer, node->conf->timeout + extra
+                              + (node->conf->wait ? node->conf->wait_timeout
+                                                  : 0));
 
     ngx_http_idempotency_redis_node_extend(node, extra);
 }
@@ -918,11 +943,18 @@ ngx_http_idempotency_redis_reroute(ngx_http_idempotency_redis_node_t *node)
 
 /* the op's hiredis callback has come: hiredis holds it no more */
 
-static void
+void
 ngx_http_idempotency_redis_op_detach(ngx_http_idempotency_redis_op_t *op)
 {
     if (op->timer.timer_set) {
         ngx_del_timer(&op->timer);
+    }
+
+    if (op->state == NGX_HTTP_IDEMPOTENCY_REDIS_OP_ACKING) {
+        /* hiredis is done with it: taken out of pending before */
+        ngx_queue_remove(&op->queue);
+        op->state = NGX_HTTP_IDEMPOTENCY_REDIS_OP_NEW;
+        return;
     }
 
     op->node->pending--;
@@ -932,7 +964,7 @@ ngx_http_idempotency_redis_op_detach(ngx_http_idempotency_redis_op_t *op)
 }
 
 
-static void
+void
 ngx_http_idempotency_redis_op_finish(ngx_http_idempotency_redis_op_t *op,
     redisReply *reply, ngx_uint_t rc)
 {

@@ -28,6 +28,7 @@ typedef struct {
     size_t                               in_flight_bytes;
     uint64_t                             commands;    /* handed over */
     ngx_http_idempotency_redis_stats_t   stats;
+    ngx_str_t                            policy;  /* maxmemory, or "" */
 } ngx_http_idempotency_redis_conn_t;
 
 
@@ -79,6 +80,15 @@ ngx_http_idempotency_redis_op_t *ngx_http_idempotency_redis_op_retry(
 
 /* the handler will not be called for this op; safe on any live op */
 void ngx_http_idempotency_redis_cancel(ngx_http_idempotency_redis_op_t *op);
+
+/*
+ * For the ops layer's own files (redis_wait.c): an op out of where it is
+ * (hiredis' pending ones, or ACKING), NEW; an op finished: its handler
+ * told (unless cancelled), the op freed
+ */
+void ngx_http_idempotency_redis_op_detach(ngx_http_idempotency_redis_op_t *op);
+void ngx_http_idempotency_redis_op_finish(ngx_http_idempotency_redis_op_t *op,
+    redisReply *reply, ngx_uint_t rc);
 
 /*
  * This worker's connections to the Redis servers of "redis" (an array of

@@ -12,6 +12,7 @@
 #include <ngx_http.h>
 
 #include "ngx_http_idempotency_redis_park.h"
+#include "ngx_http_idempotency_redis_wait.h"
 #include "ngx_http_idempotency_stats.h"
 
 
@@ -378,6 +379,10 @@ void
 ngx_http_idempotency_redis_park_exit(ngx_http_idempotency_redis_node_t *node)
 {
     ngx_http_idempotency_redis_op_t  *op;
+
+    /* written, waiting for replicas: a store is given up below */
+
+    ngx_http_idempotency_redis_wait_exit(node);
 
     /* each is taken out of its queue first: give_up() frees it */
 

@@ -65,7 +65,7 @@ const ngx_http_idempotency_redis_topology_t
 
 static ngx_http_idempotency_redis_step_t  ngx_http_idempotency_redis_role = {
     "handshake failed", 1, { "ROLE" }, { sizeof("ROLE") - 1 },
-    ngx_http_idempotency_redis_role_check, NULL
+    ngx_http_idempotency_redis_role_check, NULL, NULL
 };
 
 

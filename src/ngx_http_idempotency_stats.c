@@ -15,6 +15,8 @@
 #include <openssl/sha.h>
 
 
+static void ngx_http_idempotency_stat_time(ngx_atomic_t *bucket,
+    ngx_atomic_t *sum, uint64_t start);
 static ngx_int_t ngx_http_idempotency_stats_init_zone(
     ngx_shm_zone_t *shm_zone, void *data);
 
@@ -181,8 +183,6 @@ ngx_http_idempotency_stat_command(void)
 void
 ngx_http_idempotency_stat_reply(redisReply *reply, uint64_t start)
 {
-    uint64_t                       now, us;
-    ngx_uint_t                     i;
     ngx_http_idempotency_stats_t  *stats;
 
     stats = ngx_http_idempotency_stats;
@@ -202,6 +202,48 @@ ngx_http_idempotency_stat_reply(redisReply *reply, uint64_t start)
         return;
     }
 
+    ngx_http_idempotency_stat_time(stats->latency, &stats->latency_sum,
+                                   start);
+}
+
+
+uint64_t
+ngx_http_idempotency_stat_wait_start(void)
+{
+    if (ngx_http_idempotency_stats == NULL) {
+        return 0;
+    }
+
+    ngx_http_idempotency_stat_inc(NGX_HTTP_IDEMPOTENCY_STAT_REDIS_WAITS);
+
+    return ngx_http_idempotency_stats_now();
+}
+
+
+void
+ngx_http_idempotency_stat_wait_done(uint64_t start)
+{
+    ngx_http_idempotency_stats_t  *stats;
+
+    stats = ngx_http_idempotency_stats;
+
+    if (stats == NULL || start == 0) {
+        return;
+    }
+
+    ngx_http_idempotency_stat_time(stats->wait, &stats->wait_sum, start);
+}
+
+
+/* one more in the histogram "bucket", by the microseconds since start */
+
+static void
+ngx_http_idempotency_stat_time(ngx_atomic_t *bucket, ngx_atomic_t *sum,
+    uint64_t start)
+{
+    uint64_t    now, us;
+    ngx_uint_t  i;
+
     now = ngx_http_idempotency_stats_now();
     us = (now > start) ? now - start : 0;
 
@@ -211,8 +253,8 @@ ngx_http_idempotency_stat_reply(redisReply *reply, uint64_t start)
         }
     }
 
-    (void) ngx_atomic_fetch_add(&stats->latency[i], 1);
-    (void) ngx_atomic_fetch_add(&stats->latency_sum, (ngx_atomic_int_t) us);
+    (void) ngx_atomic_fetch_add(&bucket[i], 1);
+    (void) ngx_atomic_fetch_add(sum, (ngx_atomic_int_t) us);
 }
 
 

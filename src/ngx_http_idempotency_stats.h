@@ -58,6 +58,13 @@ typedef enum {
     NGX_HTTP_IDEMPOTENCY_STAT_REDIS_PARKED,
     NGX_HTTP_IDEMPOTENCY_STAT_REDIS_GIVEN_UP,
 
+    /* wait_replicas=, wait_aof: WAITs sent, writes they acknowledged,
+     * writes short of acknowledgements (claims refused, stores resent) */
+    NGX_HTTP_IDEMPOTENCY_STAT_REDIS_WAITS,
+    NGX_HTTP_IDEMPOTENCY_STAT_REDIS_WAITED,
+    NGX_HTTP_IDEMPOTENCY_STAT_REDIS_WAIT_REFUSED,
+    NGX_HTTP_IDEMPOTENCY_STAT_REDIS_WAIT_RESENT,
+
     /* the replay cache (idempotency_cache) of this node */
     NGX_HTTP_IDEMPOTENCY_STAT_CACHE_HIT,
     NGX_HTTP_IDEMPOTENCY_STAT_CACHE_MISS,
@@ -89,6 +96,8 @@ typedef struct {
     ngx_atomic_t               counter[NGX_HTTP_IDEMPOTENCY_STAT_N];
     ngx_atomic_t               latency[NGX_HTTP_IDEMPOTENCY_LATENCY_N + 1];
     ngx_atomic_t               latency_sum;   /* microseconds */
+    ngx_atomic_t               wait[NGX_HTTP_IDEMPOTENCY_LATENCY_N + 1];
+    ngx_atomic_t               wait_sum;      /* microseconds */
 } ngx_http_idempotency_stats_t;
 
 
@@ -106,6 +115,10 @@ uint64_t ngx_http_idempotency_stat_command(void);
 
 /* counts a reply (and an error reply) and its round trip since start */
 void ngx_http_idempotency_stat_reply(redisReply *reply, uint64_t start);
+
+/* counts a WAIT sent, returns its start; its reply: the time it took */
+uint64_t ngx_http_idempotency_stat_wait_start(void);
+void ngx_http_idempotency_stat_wait_done(uint64_t start);
 
 /*
  * sha256 of the Redis key, 16 hex digits, NUL-terminated, in a static

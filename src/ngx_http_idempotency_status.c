@@ -46,6 +46,11 @@ static u_char *ngx_http_idempotency_status_conns_json(u_char *p,
     ngx_http_idempotency_redis_conn_t *conns, ngx_uint_t n);
 static u_char *ngx_http_idempotency_status_conns_prometheus(u_char *p,
     ngx_http_idempotency_redis_conn_t *conns, ngx_uint_t n);
+static u_char *ngx_http_idempotency_status_histogram_json(u_char *p,
+    const char *head, ngx_atomic_t *bucket, ngx_atomic_uint_t sum);
+static u_char *ngx_http_idempotency_status_histogram_prometheus(u_char *p,
+    const char *family, const char *help, ngx_atomic_t *bucket,
+    ngx_atomic_uint_t sum);
 static u_char *ngx_http_idempotency_decimal(u_char *p, ngx_uint_t value,
     ngx_uint_t scale);
 static ngx_atomic_uint_t ngx_http_idempotency_status_value(
@@ -137,6 +142,19 @@ static ngx_http_idempotency_metric_t  ngx_http_idempotency_metrics[] = {
     ngx_http_idempotency_metric("redis_given_up_total", "", "redis",
         "given_up", "Stores and releases given up: deadline passed, retry "
         "buffer full, or the worker exiting."),
+
+    ngx_http_idempotency_metric("redis_waits_total", "", "redis", "waits",
+        "WAIT (WAITAOF) commands sent, one behind each batch of writes "
+        "(wait_replicas=, wait_aof)."),
+    ngx_http_idempotency_metric("redis_waited_total", "", "redis", "waited",
+        "Claims, stores and renewals that counted once enough replicas "
+        "acknowledged them."),
+    ngx_http_idempotency_metric("redis_wait_short_total",
+        "result=\"claim_refused\"", "redis_wait_short", "claim_refused",
+        "Writes that too few replicas acknowledged within wait_timeout: "
+        "claims answered as a Redis failure, stores sent again."),
+    ngx_http_idempotency_metric("redis_wait_short_total",
+        "result=\"store_resent\"", "redis_wait_short", "store_resent", ""),
 
     ngx_http_idempotency_metric("cache_hits_total", "", "cache", "hits",
         "Replays served from this node's idempotency_cache zones."),
@@ -236,7 +254,8 @@ ngx_http_idempotency_status_handler(ngx_http_request_t *r)
     /* room for every line; the help texts are the longest part */
 
     size = 1024
-           + (NGX_HTTP_IDEMPOTENCY_LATENCY_N + 3) * (128 + NGX_ATOMIC_T_LEN);
+           + 2 * (NGX_HTTP_IDEMPOTENCY_LATENCY_N + 3)
+             * (128 + NGX_ATOMIC_T_LEN);
 
     for (i = 0; i < NGX_HTTP_IDEMPOTENCY_STAT_N; i++) {
         size += 3 * ngx_http_idempotency_metrics[i].family.len
@@ -481,7 +500,7 @@ static u_char *
 ngx_http_idempotency_status_json(u_char *p,
     ngx_http_idempotency_stats_t *stats)
 {
-    ngx_uint_t                      i, n, count;
+    ngx_uint_t                      i;
     ngx_atomic_uint_t               v;
     ngx_http_idempotency_metric_t  *m;
 
@@ -505,12 +524,32 @@ ngx_http_idempotency_status_json(u_char *p,
         p = ngx_sprintf(p, "\"%V\": %uA", &m->field, v);
     }
 
-    p = ngx_sprintf(p, "},\n  \"redis_latency_ms\": {\"buckets\": {");
+    p = ngx_sprintf(p, "}");
+    p = ngx_http_idempotency_status_histogram_json(p,
+                                   ",\n  \"redis_latency_ms\": ",
+                                   stats->latency, stats->latency_sum);
+    p = ngx_http_idempotency_status_histogram_json(p,
+                                   ",\n  \"redis_wait_ms\": ",
+                                   stats->wait, stats->wait_sum);
+
+    return ngx_sprintf(p, "\n}\n");
+}
+
+
+/* head, then {"buckets": {...}, "sum": ms, "count": n} */
+
+static u_char *
+ngx_http_idempotency_status_histogram_json(u_char *p, const char *head,
+    ngx_atomic_t *bucket, ngx_atomic_uint_t sum)
+{
+    ngx_uint_t  n, count;
+
+    p = ngx_sprintf(p, "%s{\"buckets\": {", head);
 
     count = 0;
 
     for (n = 0; n <= NGX_HTTP_IDEMPOTENCY_LATENCY_N; n++) {
-        count += stats->latency[n];
+        count += bucket[n];
 
         if (n < NGX_HTTP_IDEMPOTENCY_LATENCY_N) {
             *p++ = '"';
@@ -523,12 +562,8 @@ ngx_http_idempotency_status_json(u_char *p,
         }
     }
 
-    v = stats->latency_sum;
-
-    p = ngx_sprintf(p, "\"sum\": %uA.%03uA, \"count\": %ui}\n}\n",
-                    v / 1000, v % 1000, count);
-
-    return p;
+    return ngx_sprintf(p, "\"sum\": %uA.%03uA, \"count\": %ui}",
+                       sum / 1000, sum % 1000, count);
 }
 
 
@@ -536,7 +571,7 @@ static u_char *
 ngx_http_idempotency_status_prometheus(u_char *p,
     ngx_http_idempotency_stats_t *stats)
 {
-    ngx_uint_t                      i, n, count;
+    ngx_uint_t                      i;
     ngx_atomic_uint_t               v;
     ngx_http_idempotency_metric_t  *m;
 
@@ -569,19 +604,38 @@ ngx_http_idempotency_status_prometheus(u_char *p,
         p = ngx_sprintf(p, " %uA\n", v);
     }
 
+    p = ngx_http_idempotency_status_histogram_prometheus(p,
+            "redis_latency_seconds",
+            "Round trips of commands to Redis, from sending to the reply.",
+            stats->latency, stats->latency_sum);
+
+    return ngx_http_idempotency_status_histogram_prometheus(p,
+            "redis_wait_seconds",
+            "Time a WAIT (WAITAOF) took, from sending to the reply "
+            "(wait_replicas=, wait_aof).",
+            stats->wait, stats->wait_sum);
+}
+
+
+static u_char *
+ngx_http_idempotency_status_histogram_prometheus(u_char *p,
+    const char *family, const char *help, ngx_atomic_t *bucket,
+    ngx_atomic_uint_t sum)
+{
+    ngx_uint_t  n, count;
+
     p = ngx_sprintf(p,
-            "# HELP " NGX_HTTP_IDEMPOTENCY_PREFIX "redis_latency_seconds "
-            "Round trips of commands to Redis, from sending to the reply.\n"
-            "# TYPE " NGX_HTTP_IDEMPOTENCY_PREFIX "redis_latency_seconds "
-            "histogram\n");
+            "# HELP " NGX_HTTP_IDEMPOTENCY_PREFIX "%s %s\n"
+            "# TYPE " NGX_HTTP_IDEMPOTENCY_PREFIX "%s histogram\n",
+            family, help, family);
 
     count = 0;
 
     for (n = 0; n <= NGX_HTTP_IDEMPOTENCY_LATENCY_N; n++) {
-        count += stats->latency[n];
+        count += bucket[n];
 
-        p = ngx_sprintf(p, NGX_HTTP_IDEMPOTENCY_PREFIX
-                        "redis_latency_seconds_bucket{le=\"");
+        p = ngx_sprintf(p, NGX_HTTP_IDEMPOTENCY_PREFIX "%s_bucket{le=\"",
+                        family);
 
         if (n < NGX_HTTP_IDEMPOTENCY_LATENCY_N) {
             p = ngx_http_idempotency_decimal(p,
@@ -594,15 +648,10 @@ ngx_http_idempotency_status_prometheus(u_char *p,
         p = ngx_sprintf(p, "\"} %ui\n", count);
     }
 
-    v = stats->latency_sum;
-
-    p = ngx_sprintf(p,
-            NGX_HTTP_IDEMPOTENCY_PREFIX "redis_latency_seconds_sum "
-            "%uA.%06uA\n"
-            NGX_HTTP_IDEMPOTENCY_PREFIX "redis_latency_seconds_count %ui\n",
-            v / 1000000, v % 1000000, count);
-
-    return p;
+    return ngx_sprintf(p,
+            NGX_HTTP_IDEMPOTENCY_PREFIX "%s_sum %uA.%06uA\n"
+            NGX_HTTP_IDEMPOTENCY_PREFIX "%s_count %ui\n",
+            family, sum / 1000000, sum % 1000000, family, count);
 }
 
 
@@ -646,13 +695,13 @@ ngx_http_idempotency_status_conns_json(u_char *p,
                         "\"in_flight\": %ui, \"in_flight_bytes\": %uz, "
                         "\"commands\": %uL, \"parked\": %ui, "
                         "\"parked_bytes\": %uz, \"retried\": %ui, "
-                        "\"given_up\": %ui}",
+                        "\"given_up\": %ui, \"maxmemory_policy\": \"%V\"}",
                         conns[i].bulk ? "bulk" : "main",
                         conns[i].ready ? "true" : "false",
                         conns[i].in_flight, conns[i].in_flight_bytes,
                         conns[i].commands, conns[i].stats.parked,
                         conns[i].stats.parked_bytes, conns[i].stats.retried,
-                        conns[i].stats.given_up);
+                        conns[i].stats.given_up, &conns[i].policy);
     }
 
     return ngx_sprintf(p, "%s]\n}\n", n ? "\n  " : "");

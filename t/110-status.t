@@ -186,14 +186,14 @@ sub status_prometheus {
     return $body;
 }
 
-# Every counter of a JSON status as "group.field" => value (the histogram
-# as redis_latency_ms.count only).
+# Every counter of a JSON status as "group.field" => value (the histograms
+# as redis_latency_ms.count and redis_wait_ms.count only).
 sub flat {
     my ($s) = @_;
     my %f;
     for my $g (keys %$s) {
         next unless ref $s->{$g} eq 'HASH';
-        if ($g eq 'redis_latency_ms') {
+        if ($g eq 'redis_latency_ms' || $g eq 'redis_wait_ms') {
             $f{"$g.count"} = $s->{$g}{count};
             next;
         }
@@ -328,7 +328,11 @@ Test::More::is_deeply([sort keys %{ $s->{release_failures} }],
                       [qw(given_up redis_error)], 'release failures');
 Test::More::is_deeply([sort keys %{ $s->{redis} }],
                       [qw(commands connection_errors error_replies given_up
-                          parked reconnects replies timeouts)], 'redis');
+                          parked reconnects replies timeouts waited waits)],
+                      'redis');
+Test::More::is_deeply([sort keys %{ $s->{redis_wait_short} }],
+                      [qw(claim_refused store_resent)],
+                      'writes short of acknowledgements');
 Test::More::is_deeply([sort keys %{ $s->{redis_latency_ms}{buckets} }],
                       [sort qw(0.5 1 2.5 5 10 25 50 100 250 500 1000 +Inf)],
                       'latency buckets');

@@ -55,6 +55,13 @@ delete $used{auth};    # allowed to every user
 like(slurp('docs/operations.md'), qr/Sentinel.*`\+role`/s,
      'docs/operations.md says to add +role behind Sentinel')
     if delete $used{role};
+# WAIT and WAITAOF only with wait_replicas= and wait_aof: the page says to
+# add them then (+waitaof is refused by ACL SETUSER before Redis 7.2)
+for my $cmd ('wait', 'waitaof') {
+    like(slurp('docs/operations.md'), qr/`\+\Q$cmd\E`/,
+         "docs/operations.md says to add +$cmd with its option")
+        if delete $used{$cmd};
+}
 for my $cmd (sort keys %used) {
     ok($allowed{$cmd} || ($cmd =~ /^(\w+)\|/ && $allowed{$1}),
        "$cmd (sent by $used{$cmd}) is allowed by the ACL line");

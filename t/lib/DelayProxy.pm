@@ -5,6 +5,9 @@ package DelayProxy;
 # nginx and Redis, a command nginx sends reaches Redis late.
 #
 #   my ($pid, $port) = DelayProxy::start($target_port, $seconds);
+#   # or what the target sends is held instead (a replica that lags: the
+#   # master's stream reaches it late, its acknowledgements go at once)
+#   my ($pid, $port) = DelayProxy::start($master_port, $seconds, 'replies');
 #   ...
 #   DelayProxy::mute($pid);     # from now on what clients send is dropped
 #   DelayProxy::stop($pid);
@@ -20,7 +23,8 @@ use POSIX ();
 use Time::HiRes qw(time);
 
 sub start {
-    my ($target, $delay) = @_;
+    my ($target, $delay, $which) = @_;
+    my $replies = ($which // '') eq 'replies';
 
     my $l = IO::Socket::INET->new(Listen => 16, LocalAddr => '127.0.0.1',
                                   LocalPort => 0, Proto => 'tcp',
@@ -71,7 +75,7 @@ sub start {
                 }
                 $peer{$c} = $u;
                 $peer{$u} = $c;
-                $delayed{$c} = 1;
+                $delayed{$replies ? $u : $c} = 1;
                 $sel->add($c, $u);
                 next;
             }

@@ -31,6 +31,9 @@ sub new {
         down_after        => $opt{down_after} // 1000,
         failover_timeout  => $opt{failover_timeout} // 2000,
         sentinel_password => $opt{sentinel_password},
+        # seconds the master's stream takes to reach the replica (a
+        # DelayProxy between them): a replica that lags
+        replica_delay     => $opt{replica_delay},
         pids              => {},    # port => pid
         error             => undef,
     }, $class;
@@ -94,6 +97,14 @@ sub start {
     my @s = map { free_port() } 1 .. 3;
     $self->{sentinel_ports} = \@s;
 
+    my $upstream = $m;
+
+    if ($self->{replica_delay}) {
+        require DelayProxy;
+        ($self->{proxy_pid}, $upstream) =
+            DelayProxy::start($m, $self->{replica_delay}, 'replies');
+    }
+
     for my $port ($m, $r) {
         mkdir "$dir/$port";
         write_file("$dir/$port.conf", <<CONF
@@ -104,7 +115,7 @@ save ""
 appendonly no
 logfile $dir/$port.log
 CONF
-            . ($port == $r ? "replicaof 127.0.0.1 $m\n" : ''));
+            . ($port == $r ? "replicaof 127.0.0.1 $upstream\n" : ''));
     }
 
     my $pw = $self->{sentinel_password};
@@ -259,6 +270,10 @@ sub stop {
 
     for my $port (keys %{ $self->{pids} }) {
         $self->kill_server($port, 'TERM');
+    }
+
+    if ($self->{proxy_pid}) {
+        DelayProxy::stop(delete $self->{proxy_pid});
     }
 }
 
