@@ -245,7 +245,9 @@ ngx_http_idempotency_outcome_init(ngx_conf_t *cf)
 static ngx_int_t
 ngx_http_idempotency_outcome_log_handler(ngx_http_request_t *r)
 {
-    ngx_http_idempotency_outcome_e  outcome;
+    ngx_http_idempotency_ctx_t       *ctx;
+    ngx_http_idempotency_outcome_e    outcome;
+    ngx_http_idempotency_loc_conf_t  *ilcf;
 
     if (r != r->main) {
         return NGX_OK;
@@ -253,11 +255,25 @@ ngx_http_idempotency_outcome_log_handler(ngx_http_request_t *r)
 
     outcome = ngx_http_idempotency_request_outcome(r);
 
-    if (outcome != NGX_HTTP_IDEMPOTENCY_NONE) {
-        ngx_http_idempotency_stat_inc((ngx_http_idempotency_stat_e)
-                                (NGX_HTTP_IDEMPOTENCY_STAT_BYPASS
-                                 + outcome - NGX_HTTP_IDEMPOTENCY_BYPASS));
+    if (outcome == NGX_HTTP_IDEMPOTENCY_NONE) {
+        return NGX_OK;
     }
+
+    /* under the label of the location that decided, after any redirect */
+
+    ctx = ngx_http_idempotency_get_ctx(r);
+
+    if (ctx != NULL && ctx->outcome != NGX_HTTP_IDEMPOTENCY_NONE) {
+        ilcf = ctx->conf;
+
+    } else {
+        ilcf = ngx_http_get_module_loc_conf(r, ngx_http_idempotency_module);
+    }
+
+    ngx_http_idempotency_stat_count(ilcf->metrics,
+                                    (ngx_http_idempotency_stat_e)
+                                    (NGX_HTTP_IDEMPOTENCY_STAT_BYPASS
+                                     + outcome - NGX_HTTP_IDEMPOTENCY_BYPASS));
 
     return NGX_OK;
 }
