@@ -86,7 +86,7 @@ typedef enum {
  * names find room while the old workers still count under the old ones
  */
 #define NGX_HTTP_IDEMPOTENCY_LABELS_MAX     64
-#define NGX_HTTP_IDEMPOTENCY_LABEL_SLOTS    (2 * NGX_HTTP_IDEMPOTENCY_LABELS_MAX)
+#define NGX_HTTP_IDEMPOTENCY_LABEL_SLOTS  (2 * NGX_HTTP_IDEMPOTENCY_LABELS_MAX)
 #define NGX_HTTP_IDEMPOTENCY_LABEL_LEN      64
 #define NGX_HTTP_IDEMPOTENCY_LABEL_DEFAULT  "default"
 

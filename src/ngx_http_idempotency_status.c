@@ -184,8 +184,10 @@ static ngx_http_idempotency_location_family_t
       NGX_HTTP_IDEMPOTENCY_STAT_UPSTREAM_ERROR },
 
     { "location_cache_hits_total", "counter",
-      "Replays served from this node's idempotency_cache zones, by location.",
-      NGX_HTTP_IDEMPOTENCY_STAT_CACHE_HIT, NGX_HTTP_IDEMPOTENCY_STAT_CACHE_HIT },
+      "Replays served from this node's idempotency_cache zones, by "
+      "location.",
+      NGX_HTTP_IDEMPOTENCY_STAT_CACHE_HIT,
+      NGX_HTTP_IDEMPOTENCY_STAT_CACHE_HIT },
 
     { "location_cache_misses_total", "counter",
       "Lookups in idempotency_cache zones that went on to Redis, by "
@@ -641,6 +643,7 @@ ngx_http_idempotency_status_locations_prometheus(u_char *p,
     ngx_http_idempotency_stats_t *stats)
 {
     ngx_uint_t                               i, f, k, n;
+    ngx_atomic_uint_t                        v;
     ngx_http_idempotency_metric_t           *m;
     ngx_http_idempotency_label_t           **labels;
     ngx_http_idempotency_location_family_t  *lf;
@@ -664,13 +667,13 @@ ngx_http_idempotency_status_locations_prometheus(u_char *p,
         for (i = 0; i < n; i++) {
             for (k = lf->first; k <= lf->last; k++) {
                 m = &ngx_http_idempotency_metrics[k];
+                v = stats->label[labels[i]->slot]
+                        .counter[ngx_http_idempotency_label_index(k)];
 
                 p = ngx_sprintf(p, NGX_HTTP_IDEMPOTENCY_PREFIX "%s{location="
                                 "\"%V\"%s%V} %uA\n",
                                 lf->family, &labels[i]->name,
-                                m->label.len ? "," : "", &m->label,
-                                stats->label[labels[i]->slot]
-                                  .counter[ngx_http_idempotency_label_index(k)]);
+                                m->label.len ? "," : "", &m->label, v);
             }
         }
     }

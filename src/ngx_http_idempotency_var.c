@@ -253,21 +253,25 @@ ngx_http_idempotency_outcome_log_handler(ngx_http_request_t *r)
         return NGX_OK;
     }
 
-    outcome = ngx_http_idempotency_request_outcome(r);
-
-    if (outcome == NGX_HTTP_IDEMPOTENCY_NONE) {
-        return NGX_OK;
-    }
-
-    /* under the label of the location that decided, after any redirect */
+    /*
+     * As ngx_http_idempotency_request_outcome(), with the location it
+     * counts under: the one that decided, after any redirect
+     */
 
     ctx = ngx_http_idempotency_get_ctx(r);
 
     if (ctx != NULL && ctx->outcome != NGX_HTTP_IDEMPOTENCY_NONE) {
+        outcome = ctx->outcome;
         ilcf = ctx->conf;
 
     } else {
         ilcf = ngx_http_get_module_loc_conf(r, ngx_http_idempotency_module);
+
+        if (!ilcf->enable) {
+            return NGX_OK;
+        }
+
+        outcome = NGX_HTTP_IDEMPOTENCY_BYPASS;
     }
 
     ngx_http_idempotency_stat_count(ilcf->metrics,
