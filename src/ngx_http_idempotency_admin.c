@@ -72,6 +72,8 @@ ngx_http_idempotency_admin(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     }
 
     ilcf->admin = 1;
+    ilcf->file = cf->conf_file->file.name.data;
+    ilcf->line = cf->conf_file->line;
     clcf->handler = ngx_http_idempotency_admin_handler;
 
     /* the workers connect to the Redis of this location too */
@@ -152,22 +154,12 @@ ngx_http_idempotency_admin_handler(ngx_http_request_t *r)
 
     if (ctx->purge) {
         /* this node's cache at once, whatever Redis answers */
-        ngx_http_idempotency_cache_purge(ilcf->redis, &ctx->rkey);
+        ngx_http_idempotency_cache_purge(&ctx->rkey);
 
         /* the other nodes' caches hear it on "<prefix>purge" */
-        args[0].len = ilcf->redis->prefix.len + sizeof("purge") - 1;
-        args[0].data = ngx_pnalloc(r->pool, args[0].len);
-        if (args[0].data == NULL) {
-            return NGX_HTTP_INTERNAL_SERVER_ERROR;
-        }
-
-        ngx_sprintf(args[0].data, "%Vpurge", &ilcf->redis->prefix);
-
-        ctx->op = ngx_http_idempotency_redis_script(ilcf->redis,
-                                   NGX_HTTP_IDEMPOTENCY_SCRIPT_PURGE,
-                                   &ctx->rkey, args, 1,
-                                   ngx_http_idempotency_admin_reply, ctx,
-                                   r->connection->log);
+        ctx->op = ngx_http_idempotency_redis_purge(ilcf->redis, &ctx->rkey,
+                                   r->pool, ngx_http_idempotency_admin_reply,
+                                   ctx, r->connection->log);
 
     } else {
         ngx_str_set(&args[0], ngx_value(NGX_HTTP_IDEMPOTENCY_ADMIN_HEAD));
@@ -376,6 +368,16 @@ ngx_http_idempotency_admin_reply(void *data, redisReply *reply,
     c = r->connection;
 
     ctx->op = NULL;
+
+    /*
+     * Out of this node's cache again, whatever the answer (a removal that
+     * timed out may have happened): a replay read from Redis between the
+     * first purge and the removal may have filled it
+     */
+
+    if (ctx->purge) {
+        ngx_http_idempotency_cache_purge(&ctx->rkey);
+    }
 
     if (rc != NGX_HTTP_IDEMPOTENCY_REDIS_OK) {
         ngx_log_error(NGX_LOG_ERR, c->log, 0,

@@ -26,6 +26,9 @@
 #include "ngx_http_idempotency_stats.h"
 
 
+/* the largest record a zone takes by default, when it is 512 KiB or more */
+#define NGX_HTTP_IDEMPOTENCY_CACHE_MAX_SIZE  (256 * 1024)
+
 /* entries evicted at most to make room for one */
 #define NGX_HTTP_IDEMPOTENCY_CACHE_EVICT_MAX  64
 
@@ -44,10 +47,15 @@ typedef char ngx_http_idempotency_cache_node_layout_t[
     ? 1 : -1];
 
 
-/* a record's TTL being read from Redis: where it goes then */
+/*
+ * A record's TTL being read from Redis: where it goes then, and the zone's
+ * epoch and purge count when the read was sent
+ */
 typedef struct {
     ngx_shm_zone_t                      *zone;
     ngx_msec_t                           sent;
+    uint64_t                             epoch;
+    uint64_t                             purged;
     uint32_t                             rid;
     size_t                               key_len;
     u_char                               key[1];
@@ -68,7 +76,7 @@ static ngx_http_idempotency_cache_node_t *ngx_http_idempotency_cache_find(
 static ngx_int_t ngx_http_idempotency_cache_cmp(ngx_rbtree_key_t hash,
     uint32_t rid, ngx_str_t *rkey, ngx_http_idempotency_cache_node_t *cn);
 static ngx_http_idempotency_cache_node_t *
-    ngx_http_idempotency_cache_pending_find(ngx_rbtree_node_t *node,
+    ngx_http_idempotency_cache_find_key(ngx_rbtree_node_t *node,
     ngx_rbtree_node_t *sentinel, ngx_rbtree_key_t hash, ngx_str_t *rkey,
     ngx_str_t *fence);
 static ngx_http_idempotency_cache_node_t *ngx_http_idempotency_cache_add(
@@ -96,6 +104,14 @@ static ngx_uint_t ngx_http_idempotency_cache_zones(ngx_shm_zone_t **out,
 
 /* the zones' tag: the address of this, in the module loaded now */
 static ngx_uint_t  ngx_http_idempotency_cache_tag;
+
+
+/* where "idempotency_cache NAME" names a zone, for nginx -t's errors */
+typedef struct {
+    ngx_shm_zone_t                    *zone;
+    u_char                            *file;
+    ngx_uint_t                         line;
+} ngx_http_idempotency_cache_use_t;
 
 
 /* idempotency_cache_zone NAME:SIZE [max_size=SIZE] */
@@ -126,8 +142,8 @@ ngx_http_idempotency_cache_zone(ngx_conf_t *cf, ngx_command_t *cmd,
 
     if (p == NULL || p == value[1].data) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "invalid zone \"%V\", NAME:SIZE is expected",
-                           &value[1]);
+                           "\"%V\" directive: invalid zone \"%V\", "
+                           "NAME:SIZE is expected", &cmd->name, &value[1]);
         return NGX_CONF_ERROR;
     }
 
@@ -141,7 +157,8 @@ ngx_http_idempotency_cache_zone(ngx_conf_t *cf, ngx_command_t *cmd,
 
     if (n == NGX_ERROR) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "invalid size of zone \"%V\"", &value[1]);
+                           "\"%V\" directive: invalid size of zone "
+                           "\"%V\"", &cmd->name, &value[1]);
         return NGX_CONF_ERROR;
     }
 
@@ -149,12 +166,13 @@ ngx_http_idempotency_cache_zone(ngx_conf_t *cf, ngx_command_t *cmd,
 
     if (size < (size_t) (8 * ngx_pagesize)) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "zone \"%V\" is too small: %uz bytes, at least "
-                           "%uz", &name, size, (size_t) (8 * ngx_pagesize));
+                           "\"%V\" directive: zone \"%V\" is too small: "
+                           "%uz bytes, at least %uz", &cmd->name, &name,
+                           size, (size_t) (8 * ngx_pagesize));
         return NGX_CONF_ERROR;
     }
 
-    max_size = 256 * 1024;
+    max_size = NGX_CONF_UNSET_SIZE;
 
     for (i = 2; i < cf->args->nelts; i++) {
 
@@ -166,7 +184,8 @@ ngx_http_idempotency_cache_zone(ngx_conf_t *cf, ngx_command_t *cmd,
 
             if (n == NGX_ERROR || n == 0) {
                 ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                                   "invalid max_size \"%V\"", &value[i]);
+                                   "\"%V\" directive: invalid max_size "
+                                   "\"%V\"", &cmd->name, &value[i]);
                 return NGX_CONF_ERROR;
             }
 
@@ -175,14 +194,22 @@ ngx_http_idempotency_cache_zone(ngx_conf_t *cf, ngx_command_t *cmd,
         }
 
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "invalid parameter \"%V\"", &value[i]);
+                           "\"%V\" directive: invalid parameter \"%V\"",
+                           &cmd->name, &value[i]);
         return NGX_CONF_ERROR;
     }
 
-    if (max_size > size / 2) {
+    /* by default half the zone when that is less: a small zone is valid */
+
+    if (max_size == NGX_CONF_UNSET_SIZE) {
+        max_size = ngx_min(NGX_HTTP_IDEMPOTENCY_CACHE_MAX_SIZE, size / 2);
+
+    } else if (max_size > size / 2) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "max_size of zone \"%V\" must be at most half "
-                           "its size", &name);
+                           "\"%V\" directive: max_size of zone \"%V\" "
+                           "must be at most half its size: max_size=%uz or "
+                           "less for %uz bytes", &cmd->name, &name,
+                           size / 2, size);
         return NGX_CONF_ERROR;
     }
 
@@ -194,7 +221,8 @@ ngx_http_idempotency_cache_zone(ngx_conf_t *cf, ngx_command_t *cmd,
 
     if (shm_zone->data) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "duplicate zone \"%V\"", &name);
+                           "\"%V\" directive: duplicate zone \"%V\"",
+                           &cmd->name, &name);
         return NGX_CONF_ERROR;
     }
 
@@ -220,7 +248,9 @@ ngx_http_idempotency_cache(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
     ngx_http_idempotency_loc_conf_t *ilcf = conf;
 
-    ngx_str_t  *value;
+    ngx_str_t                         *value;
+    ngx_http_idempotency_cache_use_t  *use;
+    ngx_http_idempotency_main_conf_t  *imcf;
 
     if (ilcf->cache != NGX_CONF_UNSET_PTR) {
         return "is duplicate";
@@ -241,7 +271,62 @@ ngx_http_idempotency_cache(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         return NGX_CONF_ERROR;
     }
 
+    imcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_idempotency_module);
+
+    if (imcf->cache_uses == NULL) {
+        imcf->cache_uses = ngx_array_create(cf->pool, 4,
+                                   sizeof(ngx_http_idempotency_cache_use_t));
+        if (imcf->cache_uses == NULL) {
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    use = ngx_array_push(imcf->cache_uses);
+    if (use == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    use->zone = ilcf->cache;
+    use->file = cf->conf_file->file.name.data;
+    use->line = cf->conf_file->line;
+
     return NGX_CONF_OK;
+}
+
+
+/*
+ * Once the http block is read, a zone that no idempotency_cache_zone
+ * declared would be nginx's "zero size shared memory zone", which names
+ * neither the directive nor its place: this error names both.
+ */
+
+ngx_int_t
+ngx_http_idempotency_cache_check(ngx_conf_t *cf)
+{
+    ngx_uint_t                         i;
+    ngx_http_idempotency_cache_use_t  *use;
+    ngx_http_idempotency_main_conf_t  *imcf;
+
+    imcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_idempotency_module);
+
+    if (imcf->cache_uses == NULL) {
+        return NGX_OK;
+    }
+
+    use = imcf->cache_uses->elts;
+
+    for (i = 0; i < imcf->cache_uses->nelts; i++) {
+        if (use[i].zone->data == NULL) {
+            ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
+                          "\"idempotency_cache\" directive: zone \"%V\" is "
+                          "not declared by \"idempotency_cache_zone\" in "
+                          "the http block in %s:%ui",
+                          &use[i].zone->shm.name, use[i].file, use[i].line);
+            return NGX_ERROR;
+        }
+    }
+
+    return NGX_OK;
 }
 
 
@@ -299,6 +384,13 @@ ngx_http_idempotency_cache_init_sh(ngx_slab_pool_t *shpool)
 
     sh->dirty = 0;
     sh->epoch = 1;
+
+    /*
+     * A zone started afresh after a worker died in it counts on from far
+     * past what it may have counted before: a read sent before then never
+     * finds its count again
+     */
+    sh->purged = (uint64_t) ngx_current_msec << 20;
     sh->entries = 0;
     sh->bytes = 0;
     sh->listened = 0;
@@ -503,12 +595,13 @@ ngx_http_idempotency_cache_cmp(ngx_rbtree_key_t hash, uint32_t rid,
 
 
 /*
- * The pending entry of "rkey" under "fence", whatever its Redis: the
- * entries of one hash are searched on both sides (they are few).
+ * An entry of "rkey" whatever its Redis: with a "fence", only the pending
+ * entry under it; without, any entry of the key.  The entries of one hash
+ * are searched on both sides (they are few).
  */
 
 static ngx_http_idempotency_cache_node_t *
-ngx_http_idempotency_cache_pending_find(ngx_rbtree_node_t *node,
+ngx_http_idempotency_cache_find_key(ngx_rbtree_node_t *node,
     ngx_rbtree_node_t *sentinel, ngx_rbtree_key_t hash, ngx_str_t *rkey,
     ngx_str_t *fence)
 {
@@ -523,17 +616,20 @@ ngx_http_idempotency_cache_pending_find(ngx_rbtree_node_t *node,
 
         cn = (ngx_http_idempotency_cache_node_t *) node;
 
-        if (cn->state == NGX_HTTP_IDEMPOTENCY_CACHE_PENDING
-            && cn->key_len == rkey->len && cn->fence_len == fence->len
+        if (cn->key_len == rkey->len
             && ngx_memcmp(cn->data, rkey->data, rkey->len) == 0
-            && ngx_memcmp(cn->data + cn->key_len, fence->data, fence->len)
-               == 0)
+            && (fence == NULL
+                || (cn->state == NGX_HTTP_IDEMPOTENCY_CACHE_PENDING
+                    && cn->fence_len == fence->len
+                    && ngx_memcmp(cn->data + cn->key_len, fence->data,
+                                  fence->len)
+                       == 0)))
         {
             return cn;
         }
 
-        cn = ngx_http_idempotency_cache_pending_find(node->left, sentinel,
-                                                     hash, rkey, fence);
+        cn = ngx_http_idempotency_cache_find_key(node->left, sentinel,
+                                                 hash, rkey, fence);
         if (cn != NULL) {
             return cn;
         }
@@ -587,15 +683,13 @@ ngx_http_idempotency_cache_add(ngx_http_idempotency_cache_t *cache,
 
     p = ngx_cpymem(cn->data, rkey->data, rkey->len);
 
-    /* a tomb has neither */
+    /* a record read from Redis has no fence */
 
     if (fence->len) {
         p = ngx_cpymem(p, fence->data, fence->len);
     }
 
-    if (record->len) {
-        ngx_memcpy(p, record->data, record->len);
-    }
+    ngx_memcpy(p, record->data, record->len);
 
     ngx_rbtree_insert(&sh->rbtree, &cn->node);
     ngx_queue_insert_head(&sh->lru, &cn->queue);
@@ -697,6 +791,8 @@ ngx_http_idempotency_cache_fetched(ngx_shm_zone_t *zone,
     ngx_http_idempotency_redis_conf_t *rcf, ngx_str_t *rkey, ngx_log_t *log)
 {
     ngx_str_t                            arg;
+    ngx_http_idempotency_cache_t        *cache;
+    ngx_http_idempotency_cache_sh_t     *sh;
     ngx_http_idempotency_cache_fetch_t  *f;
 
     f = ngx_alloc(offsetof(ngx_http_idempotency_cache_fetch_t, key)
@@ -704,6 +800,19 @@ ngx_http_idempotency_cache_fetched(ngx_shm_zone_t *zone,
     if (f == NULL) {
         return;
     }
+
+    cache = zone->data;
+
+    sh = ngx_http_idempotency_cache_lock(cache);
+    if (sh == NULL) {
+        ngx_free(f);
+        return;
+    }
+
+    f->epoch = sh->epoch;
+    f->purged = sh->purged;
+
+    ngx_http_idempotency_cache_unlock(cache, sh);
 
     f->zone = zone;
     f->sent = ngx_current_msec;
@@ -736,7 +845,7 @@ ngx_http_idempotency_cache_ttl_handler(void *data, redisReply *reply,
     redisReply                         *v, *ttl;
     ngx_http_idempotency_cache_t       *cache;
     ngx_http_idempotency_cache_sh_t    *sh;
-    ngx_http_idempotency_cache_node_t  *cn, *tomb;
+    ngx_http_idempotency_cache_node_t  *cn;
 
     cache = f->zone->data;
 
@@ -768,33 +877,27 @@ ngx_http_idempotency_cache_ttl_handler(void *data, redisReply *reply,
         goto done;
     }
 
-    /* purged since this was read, perhaps: not trusted */
+    /*
+     * Not when a purge came, or purges may have been missed, since the
+     * read was sent: what it read may be a record purged since, its answer
+     * late by up to the Redis' timeout=.  A purge of any key counts (they
+     * are rare); the next replay from Redis reads the record again.
+     */
 
-    tomb = ngx_http_idempotency_cache_find(sh,
-                               ngx_http_idempotency_cache_hash(&key), 0,
-                               &key);
+    if (sh->epoch == f->epoch && sh->purged == f->purged) {
+        cn = ngx_http_idempotency_cache_find(sh, hash, f->rid, &key);
 
-    if (tomb != NULL
-        && (ngx_msec_int_t) (tomb->expire - ngx_current_msec) <= 0)
-    {
-        ngx_http_idempotency_cache_delete(cache, sh, tomb);
-        tomb = NULL;
-    }
+        if (cn != NULL && cn->state != NGX_HTTP_IDEMPOTENCY_CACHE_PENDING) {
+            ngx_http_idempotency_cache_delete(cache, sh, cn);
+            cn = NULL;
+        }
 
-    cn = ngx_http_idempotency_cache_find(sh, hash, f->rid, &key);
-
-    if (tomb == NULL && cn != NULL
-        && cn->state != NGX_HTTP_IDEMPOTENCY_CACHE_PENDING)
-    {
-        ngx_http_idempotency_cache_delete(cache, sh, cn);
-        cn = NULL;
-    }
-
-    if (tomb == NULL && cn == NULL) {
-        (void) ngx_http_idempotency_cache_add(cache, sh, hash, f->rid, &key,
-                                  &none, &record,
-                                  NGX_HTTP_IDEMPOTENCY_CACHE_READY,
-                                  f->sent + (ngx_msec_t) ttl->integer);
+        if (cn == NULL) {
+            (void) ngx_http_idempotency_cache_add(cache, sh, hash, f->rid,
+                                      &key, &none, &record,
+                                      NGX_HTTP_IDEMPOTENCY_CACHE_READY,
+                                      f->sent + (ngx_msec_t) ttl->integer);
+        }
     }
 
     ngx_http_idempotency_cache_unlock(cache, sh);
@@ -864,7 +967,7 @@ ngx_http_idempotency_cache_commit(ngx_str_t *rkey, ngx_str_t *fence,
     i = 0;
 
     while ((sh = ngx_http_idempotency_cache_next(&i, &cache)) != NULL) {
-        cn = ngx_http_idempotency_cache_pending_find(sh->rbtree.root,
+        cn = ngx_http_idempotency_cache_find_key(sh->rbtree.root,
                                   sh->rbtree.sentinel,
                                   ngx_http_idempotency_cache_hash(rkey),
                                   rkey, fence);
@@ -884,51 +987,37 @@ ngx_http_idempotency_cache_commit(ngx_str_t *rkey, ngx_str_t *fence,
 
 
 /*
- * A tomb in place of the record for a while: a read of the record sent
- * before the purge may come back after it, and must not bring it back.
+ * Every entry of the key goes, whatever the idempotency_redis it was
+ * read or stored through: the key names the record (prefix, scope hash,
+ * key), and a location may write the same server in other words than the
+ * one that purges.  The zone counts the purge: a read of a record sent
+ * before it may come back after it, and must not bring the record back
+ * (ttl_handler).
  */
 
 void
-ngx_http_idempotency_cache_purge(ngx_http_idempotency_redis_conf_t *rcf,
-    ngx_str_t *rkey)
+ngx_http_idempotency_cache_purge(ngx_str_t *rkey)
 {
-    uint32_t                            rid;
-    ngx_str_t                           none;
     ngx_uint_t                          i;
     ngx_rbtree_key_t                    hash;
     ngx_http_idempotency_cache_t       *cache;
     ngx_http_idempotency_cache_sh_t    *sh;
     ngx_http_idempotency_cache_node_t  *cn;
 
-    ngx_str_null(&none);
-    rid = ngx_http_idempotency_cache_rid(rcf);
     hash = ngx_http_idempotency_cache_hash(rkey);
 
     i = 0;
 
     while ((sh = ngx_http_idempotency_cache_next(&i, &cache)) != NULL) {
-        for ( ;; ) {
-            cn = ngx_http_idempotency_cache_find(sh, hash, rid, rkey);
+        sh->purged++;
 
-            if (cn == NULL) {
-                cn = ngx_http_idempotency_cache_find(sh,
-                                  ngx_http_idempotency_cache_hash(rkey), 0,
-                                  rkey);
-            }
-
-            if (cn == NULL) {
-                break;
-            }
-
+        while ((cn = ngx_http_idempotency_cache_find_key(sh->rbtree.root,
+                                             sh->rbtree.sentinel, hash,
+                                             rkey, NULL))
+               != NULL)
+        {
             ngx_http_idempotency_cache_delete(cache, sh, cn);
         }
-
-        (void) ngx_http_idempotency_cache_add(cache, sh,
-                              ngx_http_idempotency_cache_hash(rkey), 0,
-                              rkey, &none, &none,
-                              NGX_HTTP_IDEMPOTENCY_CACHE_TOMB,
-                              ngx_current_msec
-                              + NGX_HTTP_IDEMPOTENCY_CACHE_TOMB_MS);
 
         ngx_http_idempotency_cache_unlock(cache, sh);
     }
@@ -997,18 +1086,14 @@ ngx_http_idempotency_cache_hash(ngx_str_t *rkey)
 
 /*
  * The Redis a record comes from: two idempotency_redis with the same
- * prefix but another server keep their entries apart.  Never 0 (a tomb's,
- * which stands for every Redis).
+ * prefix but another server keep their entries apart (a purge removes
+ * the entries of every one).
  */
 
 static uint32_t
 ngx_http_idempotency_cache_rid(ngx_http_idempotency_redis_conf_t *rcf)
 {
-    uint32_t  rid;
-
-    rid = ngx_murmur_hash2(rcf->text.data, rcf->text.len);
-
-    return rid ? rid : 1;
+    return ngx_murmur_hash2(rcf->text.data, rcf->text.len);
 }
 
 

@@ -29,6 +29,9 @@ char *ngx_http_idempotency_cache_zone(ngx_conf_t *cf, ngx_command_t *cmd,
 char *ngx_http_idempotency_cache(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 
+/* after the http block: every zone named by idempotency_cache is declared */
+ngx_int_t ngx_http_idempotency_cache_check(ngx_conf_t *cf);
+
 /*
  * The record of "rkey" (of the Redis "rcf") when the zone holds it,
  * completed and not expired: NGX_OK and a copy in "pool" in *out;
@@ -60,10 +63,10 @@ void ngx_http_idempotency_cache_commit(ngx_str_t *rkey, ngx_str_t *fence,
 
 /*
  * The record "rkey" was purged: out of every zone of this node at once,
- * and records read from Redis before now do not enter for a while.
+ * whatever the idempotency_redis that read or stored it, and records read
+ * from Redis before now do not enter for a while.
  */
-void ngx_http_idempotency_cache_purge(ngx_http_idempotency_redis_conf_t *rcf,
-    ngx_str_t *rkey);
+void ngx_http_idempotency_cache_purge(ngx_str_t *rkey);
 
 /*
  * Worker 0 listens for purges published by the other nodes (purge.lua

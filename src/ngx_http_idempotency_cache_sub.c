@@ -27,8 +27,6 @@ static void
 ngx_http_idempotency_cache_sub_handler(void *data, ngx_uint_t event,
     ngx_str_t *msg)
 {
-    ngx_http_idempotency_redis_conf_t *rcf = data;
-
     switch (event) {
 
     case NGX_HTTP_IDEMPOTENCY_REDIS_SUB_READY:
@@ -42,7 +40,7 @@ ngx_http_idempotency_cache_sub_handler(void *data, ngx_uint_t event,
     default: /* NGX_HTTP_IDEMPOTENCY_REDIS_SUB_MESSAGE */
         ngx_log_debug1(NGX_LOG_DEBUG_HTTP, ngx_cycle->log, 0,
                        "idempotency cache: purge of \"%V\" heard", msg);
-        ngx_http_idempotency_cache_purge(rcf, msg);
+        ngx_http_idempotency_cache_purge(msg);
         break;
     }
 }

@@ -15,10 +15,6 @@
 /* an entry that is not a record: not served, removed when it expires */
 #define NGX_HTTP_IDEMPOTENCY_CACHE_READY    0
 #define NGX_HTTP_IDEMPOTENCY_CACHE_PENDING  1   /* store not acknowledged */
-#define NGX_HTTP_IDEMPOTENCY_CACHE_TOMB     2   /* purged just now */
-
-/* how long a purge keeps records read before it out */
-#define NGX_HTTP_IDEMPOTENCY_CACHE_TOMB_MS  2000
 
 /* workers that listen for purges at once: worker 0 of old and new cycles */
 #define NGX_HTTP_IDEMPOTENCY_CACHE_LISTENERS  8
@@ -58,6 +54,8 @@ typedef struct {
     ngx_rbtree_node_t                    sentinel;
     ngx_uint_t                           dirty;
     uint64_t                             epoch;
+    /* purges so far: a read sent before one does not enter after it */
+    uint64_t                             purged;
     ngx_uint_t                           entries;
     size_t                               bytes;
 

@@ -117,6 +117,7 @@ static ngx_http_idempotency_redis_place_t
     NULL,
     ngx_http_idempotency_cluster_node_failed,
     NULL,
+    NULL,
     0
 };
 

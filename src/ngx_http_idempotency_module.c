@@ -38,8 +38,6 @@ static char *ngx_http_idempotency_store_status(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
 static char *ngx_http_idempotency_key_max_length(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
-static char *ngx_http_idempotency_problem_type(ngx_conf_t *cf,
-    ngx_command_t *cmd, void *conf);
 static char *ngx_http_idempotency_header_list(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
 static char *ngx_http_idempotency_merge_headers(ngx_conf_t *cf,
@@ -326,6 +324,20 @@ ngx_http_idempotency_init(ngx_conf_t *cf)
 
     imcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_idempotency_module);
 
+    /* every directive is checked, whether or not a location uses it */
+
+    rcfp = imcf->redis.elts;
+
+    for (i = 0; i < imcf->redis.nelts; i++) {
+        if (ngx_http_idempotency_redis_conf_check(cf, rcfp[i]) != NGX_OK) {
+            return NGX_ERROR;
+        }
+    }
+
+    if (ngx_http_idempotency_cache_check(cf) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
     if (!imcf->used) {
         return NGX_OK;
     }
@@ -345,14 +357,6 @@ ngx_http_idempotency_init(ngx_conf_t *cf)
     }
 
     *h = ngx_http_idempotency_handler;
-
-    rcfp = imcf->redis.elts;
-
-    for (i = 0; i < imcf->redis.nelts; i++) {
-        if (ngx_http_idempotency_redis_conf_check(cf, rcfp[i]) != NGX_OK) {
-            return NGX_ERROR;
-        }
-    }
 
     if (ngx_http_idempotency_outcome_init(cf) != NGX_OK) {
         return NGX_ERROR;
@@ -437,6 +441,11 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     ngx_uint_t                         i, n;
     ngx_command_t                      cmd;
     ngx_http_compile_complex_value_t   ccv;
+
+    if (conf->enable == NGX_CONF_UNSET && conf->file == NULL) {
+        conf->file = prev->file;
+        conf->line = prev->line;
+    }
 
     ngx_conf_merge_value(conf->enable, prev->enable, 0);
     ngx_conf_merge_ptr_value(conf->redis, prev->redis, NULL);
@@ -530,9 +539,10 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     if (conf->admin) {
 
         if (conf->redis == NULL) {
-            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                               "\"idempotency_admin\" needs an "
-                               "\"idempotency_redis\" for its location");
+            ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
+                          "\"idempotency_admin\" needs an "
+                          "\"idempotency_redis\" for its location in %s:%ui",
+                          conf->file, conf->line);
             return NGX_CONF_ERROR;
         }
 
@@ -548,9 +558,9 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     }
 
     if (conf->enable && conf->redis == NULL) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "\"idempotency\" is on but no "
-                           "\"idempotency_redis\" is defined for it");
+        ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
+                      "\"idempotency\" is on but no \"idempotency_redis\" "
+                      "is defined for it in %s:%ui", conf->file, conf->line);
         return NGX_CONF_ERROR;
     }
 
@@ -623,6 +633,12 @@ ngx_http_idempotency_enable(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         imcf = ngx_http_conf_get_module_main_conf(cf,
                                                   ngx_http_idempotency_module);
         imcf->used = 1;
+
+        /* for nginx -t's errors; idempotency_admin's place comes first */
+        if (ilcf->file == NULL) {
+            ilcf->file = cf->conf_file->file.name.data;
+            ilcf->line = cf->conf_file->line;
+        }
     }
 
     return NGX_CONF_OK;
@@ -924,40 +940,6 @@ ngx_http_idempotency_key_max_length(ngx_conf_t *cf, ngx_command_t *cmd,
     }
 
     ilcf->key_max_length = n;
-
-    return NGX_CONF_OK;
-}
-
-
-static char *
-ngx_http_idempotency_problem_type(ngx_conf_t *cf, ngx_command_t *cmd,
-    void *conf)
-{
-    ngx_http_idempotency_loc_conf_t *ilcf = conf;
-
-    ngx_str_t   *value;
-    ngx_uint_t   i;
-
-    if (ilcf->problem_type.data) {
-        return "is duplicate";
-    }
-
-    value = cf->args->elts;
-
-    /* it goes into a JSON string as it is */
-
-    for (i = 0; i < value[1].len; i++) {
-        if (value[1].data[i] <= ' ' || value[1].data[i] >= 0x7f
-            || value[1].data[i] == '"' || value[1].data[i] == '\\')
-        {
-            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                               "invalid URI \"%V\" in \"%V\" directive",
-                               &value[1], &cmd->name);
-            return NGX_CONF_ERROR;
-        }
-    }
-
-    ilcf->problem_type = value[1];
 
     return NGX_CONF_OK;
 }

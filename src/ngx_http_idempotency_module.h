@@ -75,6 +75,7 @@ typedef struct {
     ngx_array_t                          redis;    /* of redis_conf_t * */
     ngx_flag_t                           used;
     ngx_uint_t                           cache_zones; /* declared */
+    ngx_array_t                         *cache_uses;  /* idempotency_cache */
 } ngx_http_idempotency_main_conf_t;
 
 
@@ -103,6 +104,10 @@ typedef struct {
     ngx_uint_t                           on_upstream_error;
     ngx_shm_zone_t                      *cache;   /* idempotency_cache */
     ngx_http_idempotency_label_t        *metrics; /* NULL: not counted */
+
+    /* where "idempotency on" or idempotency_admin is, for nginx -t */
+    u_char                              *file;
+    ngx_uint_t                           line;
 } ngx_http_idempotency_loc_conf_t;
 
 
@@ -131,6 +136,8 @@ ngx_int_t ngx_http_idempotency_send_body(ngx_http_request_t *r,
     ngx_uint_t status, ngx_str_t *type, ngx_buf_t *b,
     ngx_uint_t retry_after);
 char *ngx_http_idempotency_admin(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+char *ngx_http_idempotency_problem_type(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 
 

@@ -1,5 +1,6 @@
 /*
- * RFC 9457 problem responses for everything the module answers itself.
+ * RFC 9457 problem responses for everything the module answers itself, and
+ * idempotency_problem_type, the prefix of their type.
  * HTTP side; uses no Redis layer.
  */
 
@@ -183,6 +184,42 @@ ngx_http_idempotency_problem_send(ngx_http_request_t *r,
     return ngx_http_idempotency_send_body(r, pr->status,
                                  &ngx_http_idempotency_problem_content_type,
                                  b, pr->retry_after);
+}
+
+
+/* idempotency_problem_type URI */
+
+char *
+ngx_http_idempotency_problem_type(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ngx_http_idempotency_loc_conf_t *ilcf = conf;
+
+    ngx_str_t   *value;
+    ngx_uint_t   i;
+
+    if (ilcf->problem_type.data) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    /* it goes into a JSON string as it is */
+
+    for (i = 0; i < value[1].len; i++) {
+        if (value[1].data[i] <= ' ' || value[1].data[i] >= 0x7f
+            || value[1].data[i] == '"' || value[1].data[i] == '\\')
+        {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "invalid URI \"%V\" in \"%V\" directive",
+                               &value[1], &cmd->name);
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    ilcf->problem_type = value[1];
+
+    return NGX_CONF_OK;
 }
 
 

@@ -918,6 +918,58 @@ ngx_http_idempotency_redis_body_key(ngx_http_idempotency_redis_conf_t *rcf,
 }
 
 
+/*
+ * The removal of a record (idempotency_admin DELETE), a split record's
+ * body with it: the script reads the head, which holds the owner token
+ * and the body's length, and removes "<body key>:0" ... (in the record's
+ * hash slot); it tells the nodes' replay caches on "<prefix>purge".
+ */
+
+ngx_http_idempotency_redis_op_t *
+ngx_http_idempotency_redis_purge(ngx_http_idempotency_redis_conf_t *rcf,
+    ngx_str_t *key, ngx_pool_t *pool, ngx_http_idempotency_redis_pt handler,
+    void *data, ngx_log_t *log)
+{
+    u_char      *p;
+    ngx_str_t    args[3];
+    ngx_uint_t   nargs;
+
+    p = ngx_pnalloc(pool, rcf->prefix.len + sizeof("purge") - 1
+                          + NGX_HTTP_IDEMPOTENCY_REDIS_BODY_KEY_LEN(rcf,
+                                                             key->len, 0)
+                          + NGX_SIZE_T_LEN);
+    if (p == NULL) {
+        return NULL;
+    }
+
+    args[0].data = p;
+    p = ngx_sprintf(p, "%Vpurge", &rcf->prefix);
+    args[0].len = p - args[0].data;
+
+    nargs = 1;
+
+    /* the body key without its owner token, which the script appends */
+
+    args[1].data = p;
+
+    if (ngx_http_idempotency_redis_body_key(rcf, key, (u_char *) "", 0,
+                                            &args[1])
+        == NGX_OK)
+    {
+        p += args[1].len;
+        args[2].data = p;
+        args[2].len = ngx_sprintf(p, "%uz",
+                                  (size_t) NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK)
+                      - p;
+        nargs = 3;
+    }
+
+    return ngx_http_idempotency_redis_script(rcf,
+                                   NGX_HTTP_IDEMPOTENCY_SCRIPT_PURGE, key,
+                                   args, nargs, handler, data, log);
+}
+
+
 ngx_int_t
 ngx_http_idempotency_redis_fetch(ngx_http_idempotency_redis_fetch_t *f)
 {

@@ -162,6 +162,15 @@ ngx_int_t ngx_http_idempotency_redis_fetch(
     ngx_http_idempotency_redis_fetch_t *f);
 
 /*
+ * The removal of the record "key" and, when it is split, of its body
+ * (src/lua/purge.lua), told on "<prefix>purge" to the nodes' replay
+ * caches; args in "pool".  As ngx_http_idempotency_redis_script().
+ */
+ngx_http_idempotency_redis_op_t *ngx_http_idempotency_redis_purge(
+    ngx_http_idempotency_redis_conf_t *rcf, ngx_str_t *key, ngx_pool_t *pool,
+    ngx_http_idempotency_redis_pt handler, void *data, ngx_log_t *log);
+
+/*
  * The key of a split record's body (the name its chunks start with, see
  * NGX_HTTP_IDEMPOTENCY_REDIS_CHUNK): "<key>:body:<owner>" when the key has
  * a hash tag, "<prefix>{<key>}:body:<owner>" when it has no brace at all,

@@ -34,8 +34,11 @@ typedef struct ngx_http_idempotency_redis_tls_s
 /* one "idempotency_redis" directive; identical directives share one */
 typedef struct {
     ngx_str_t                            text;     /* all arguments, for logs */
+    u_char                              *file;     /* where the directive is, */
+    ngx_uint_t                           line;     /* for errors found later */
     ngx_uint_t                           mode;
     ngx_array_t                          addrs;    /* of ngx_addr_t */
+    ngx_array_t                          hosts;    /* of ngx_str_t, below */
     ngx_str_t                            host;     /* IP or name, NUL-ended */
     in_port_t                            port;
     ngx_str_t                            unix_path; /* NUL-ended, or empty */
@@ -51,6 +54,9 @@ typedef struct {
     ngx_http_idempotency_redis_tls_t    *tls;      /* NULL: plain */
 
     /*
+     * hosts: the host of each address in addrs as written (a name or an
+     * IP, without brackets; "" for unix:), NUL-ended: what TLS checks
+     *
      * "resolve": the workers resolve host names with the resolver of
      * clcf (where the directive first is); "named": the address is a
      * host name, in host (its ngx_addr_t has no sockaddr)

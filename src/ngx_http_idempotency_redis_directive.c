@@ -21,6 +21,8 @@ static char *ngx_http_idempotency_redis_address(ngx_conf_t *cf,
     ngx_str_t *value, ngx_uint_t named);
 static char *ngx_http_idempotency_redis_named(ngx_conf_t *cf,
     ngx_http_idempotency_redis_conf_t *rcf, ngx_url_t *u);
+static char *ngx_http_idempotency_redis_host(ngx_conf_t *cf,
+    ngx_http_idempotency_redis_conf_t *rcf, ngx_url_t *u);
 static char *ngx_http_idempotency_redis_option(ngx_conf_t *cf,
     ngx_command_t *cmd, ngx_http_idempotency_redis_conf_t *rcf,
     ngx_str_t *value);
@@ -45,6 +47,8 @@ ngx_http_idempotency_redis_conf_parse(ngx_conf_t *cf, ngx_command_t *cmd,
     }
 
     rcf->text = *text;
+    rcf->file = cf->conf_file->file.name.data;
+    rcf->line = cf->conf_file->line;
     rcf->mode = NGX_HTTP_IDEMPOTENCY_REDIS_SINGLE;
     rcf->db = -1;
     rcf->connect_timeout = 1000;
@@ -52,7 +56,9 @@ ngx_http_idempotency_redis_conf_parse(ngx_conf_t *cf, ngx_command_t *cmd,
     ngx_str_set(&rcf->prefix, "idem:");
 
     if (ngx_array_init(&rcf->addrs, cf->pool, 1, sizeof(ngx_addr_t))
-        != NGX_OK)
+        != NGX_OK
+        || ngx_array_init(&rcf->hosts, cf->pool, 1, sizeof(ngx_str_t))
+           != NGX_OK)
     {
         return NGX_CONF_ERROR;
     }
@@ -283,6 +289,10 @@ ngx_http_idempotency_redis_address(ngx_conf_t *cf, ngx_command_t *cmd,
         return NGX_CONF_ERROR;
     }
 
+    if (ngx_http_idempotency_redis_host(cf, rcf, &u) != NGX_CONF_OK) {
+        return NGX_CONF_ERROR;
+    }
+
     if (named && u.naddrs == 0 && rcf->addrs.nelts == 0) {
         return ngx_http_idempotency_redis_named(cf, rcf, &u);
     }
@@ -336,6 +346,41 @@ ngx_http_idempotency_redis_address(ngx_conf_t *cf, ngx_command_t *cmd,
 }
 
 
+/*
+ * The host of an address as written (a name, not what it resolved to):
+ * the name a TLS connection there sends and checks by default
+ */
+
+static char *
+ngx_http_idempotency_redis_host(ngx_conf_t *cf,
+    ngx_http_idempotency_redis_conf_t *rcf, ngx_url_t *u)
+{
+    ngx_str_t  *host, h;
+
+    h = u->host;
+
+    if (h.len > 1 && h.data[0] == '[') {
+        h.data++;
+        h.len -= 2;
+    }
+
+    host = ngx_array_push(&rcf->hosts);
+    if (host == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    host->data = ngx_pnalloc(cf->pool, h.len + 1);
+    if (host->data == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    host->len = h.len;
+    ngx_cpystrn(host->data, h.data, h.len + 1);
+
+    return NGX_CONF_OK;
+}
+
+
 /* "resolve" and a host name: kept for the workers, not resolved here */
 
 static char *
@@ -369,7 +414,8 @@ ngx_http_idempotency_redis_named(ngx_conf_t *cf,
 
 /*
  * After the locations are merged: "resolve" needs a resolver where the
- * directive is (without one nginx puts a resolver with no name server)
+ * directive is (without one nginx puts a resolver with no name server),
+ * whether or not a location uses it; the error names the directive's place
  */
 
 ngx_int_t
@@ -390,8 +436,8 @@ ngx_http_idempotency_redis_conf_check(ngx_conf_t *cf,
 
         ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
                       "\"idempotency_redis\" directive with \"resolve\" "
-                      "needs a \"resolver\" where it is (\"%V\")",
-                      &addr[0].name);
+                      "needs a \"resolver\" where it is (\"%V\") in %s:%ui",
+                      &addr[0].name, rcf->file, rcf->line);
         return NGX_ERROR;
     }
 

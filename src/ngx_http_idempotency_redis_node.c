@@ -142,11 +142,16 @@ ngx_http_idempotency_redis_node_create(ngx_http_idempotency_redis_conf_t *rcf,
      */
 
     if (name) {
-        node->name = *name;
+        if (ngx_http_idempotency_redis_tls_conn_name(pool, rcf, name,
+                                                     &node->name)
+            != NGX_OK)
+        {
+            return NULL;
+        }
 
     } else {
         p = ngx_pnalloc(pool, host->len + rcf->unix_path.len
-                              + sizeof("unix:") + NGX_INT_T_LEN);
+                              + sizeof("tls://unix:") + NGX_INT_T_LEN);
         if (p == NULL) {
             return NULL;
         }
@@ -157,7 +162,8 @@ ngx_http_idempotency_redis_node_create(ngx_http_idempotency_redis_conf_t *rcf,
             p = ngx_sprintf(p, "unix:%V", &rcf->unix_path);
 
         } else {
-            p = ngx_sprintf(p, "%V:%d", host, (int) port);
+            p = ngx_sprintf(p, "%s%V:%d", rcf->tls ? "tls://" : "", host,
+                            (int) port);
         }
 
         node->name.len = p - node->name.data;
@@ -239,14 +245,17 @@ ngx_http_idempotency_redis_node_attach(ngx_http_idempotency_redis_node_t *node,
 
 #if (NGX_SSL)
     if (rcf->tls) {
-        /* a single server is checked against its name as configured */
+        /*
+         * a single server is checked against its name as configured;
+         * nginx's SSL lines follow the streak: the first failure's only
+         */
 
         c = ngx_http_idempotency_redis_tls_attach(ac, rcf->tls,
                            rcf->mode == NGX_HTTP_IDEMPOTENCY_REDIS_SINGLE
                            ? NULL : host,
                            node->tls_session,
                            ngx_http_idempotency_redis_tls_save_session,
-                           node->log);
+                           &node->name, node->failures > 0, node->log);
         if (c) {
             c->read->handler = ngx_http_idempotency_redis_read_handler;
         }
@@ -512,6 +521,13 @@ ngx_http_idempotency_redis_ready(ngx_http_idempotency_redis_node_t *node)
                       "after %ui failed attempts",
                       &node->name, node->failures);
 
+#if (NGX_SSL)
+        /* the streak ended: this connection's next failure starts one */
+        if (node->conf->tls && node->ac && node->ac->ev.data) {
+            ngx_http_idempotency_redis_tls_quiet(node->ac->ev.data, 0);
+        }
+#endif
+
     } else {
         ngx_log_debug1(NGX_LOG_DEBUG_HTTP, node->log, 0,
                        "idempotency redis: \"%V\" ready", &node->name);
@@ -716,10 +732,20 @@ ngx_http_idempotency_redis_connect_timeout_handler(ngx_event_t *ev)
 {
     ngx_http_idempotency_redis_node_t  *node = ev->data;
 
+    const char  *reason;
+
+    reason = "timed out";
+
+    if (node->state == NGX_HTTP_IDEMPOTENCY_REDIS_CONNECTING
+        && node->conf->tls && node->ac)
+    {
+        reason = ngx_http_idempotency_redis_tls_timed_out(node->ac);
+    }
+
     ngx_http_idempotency_redis_node_drop(node,
                           node->state == NGX_HTTP_IDEMPOTENCY_REDIS_CONNECTING
                           ? "connect failed" : "handshake failed",
-                          "timed out");
+                          reason);
 }
 
 
@@ -838,6 +864,10 @@ ngx_http_idempotency_redis_handshake_step(
 
         if (ngx_http_idempotency_redis_upcalls) {
             ngx_http_idempotency_redis_upcalls->ready(node);
+        }
+
+        if (node->place && node->place->ready && node->ac) {
+            node->place->ready(node->place_data, node);
         }
     }
 }

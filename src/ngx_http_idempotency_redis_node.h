@@ -59,6 +59,8 @@ struct ngx_http_idempotency_redis_step_s {
  * ngx_http_idempotency_redis_node_reconnect() when it is; NGX_DECLINED
  * with *reason set: none.  Without it the node's own host and port.
  * failed: the connection failed (the node may have moved).
+ * ready: the connection is ready for commands (from a reply callback of
+ * it, after the ops layer heard; may reconnect another node).
  * steps: handshake steps of this node, before those of every node.
  */
 typedef struct {
@@ -66,6 +68,9 @@ typedef struct {
                                            const char **host, in_port_t *port,
                                            const char **reason);
     void                               (*failed)(void *data,
+                                           ngx_http_idempotency_redis_node_t
+                                           *node);
+    void                               (*ready)(void *data,
                                            ngx_http_idempotency_redis_node_t
                                            *node);
     ngx_http_idempotency_redis_step_t   *steps;

@@ -30,6 +30,10 @@ struct ngx_http_idempotency_redis_resolve_s {
                                            ngx_http_idempotency_redis_node_t
                                            *node);
     void                                *data;
+    void                               (*ready)(void *data,
+                                           ngx_http_idempotency_redis_node_t
+                                           *node);
+    void                                *ready_data;
 
     ngx_resolver_ctx_t                  *ctx;      /* a query in flight */
     ngx_event_t                          timer;    /* the answer's validity */
@@ -53,6 +57,8 @@ static ngx_int_t ngx_http_idempotency_redis_resolve_address(void *data,
     const char **host, in_port_t *port, const char **reason);
 static void ngx_http_idempotency_redis_resolve_failed(void *data,
     ngx_http_idempotency_redis_node_t *node);
+static void ngx_http_idempotency_redis_resolve_ready_handler(void *data,
+    ngx_http_idempotency_redis_node_t *node);
 static ngx_int_t ngx_http_idempotency_redis_resolve_start(
     ngx_http_idempotency_redis_resolve_t *res);
 static void ngx_http_idempotency_redis_resolve_handler(
@@ -69,6 +75,7 @@ static ngx_http_idempotency_redis_place_t
     ngx_http_idempotency_redis_resolve_place = {
     ngx_http_idempotency_redis_resolve_address,
     ngx_http_idempotency_redis_resolve_failed,
+    ngx_http_idempotency_redis_resolve_ready_handler,
     NULL,
     0
 };
@@ -108,7 +115,15 @@ ngx_http_idempotency_redis_resolve_node(ngx_http_idempotency_redis_conf_t *rcf,
     res->name = *name;
     res->port = port;
     res->resolver = rcf->clcf->resolver;
-    res->timeout = rcf->clcf->resolver_timeout;
+
+    /*
+     * in http{} the core module's own conf is never merged: without
+     * resolver_timeout there it is unset, and a timer of (ngx_msec_t) -1
+     * would end the first query at once; nginx's default then
+     */
+
+    res->timeout = (rcf->clcf->resolver_timeout == NGX_CONF_UNSET_MSEC)
+                   ? 30000 : rcf->clcf->resolver_timeout;
     res->log = node->log;
     res->node = node;
     res->failed = failed;
@@ -200,6 +215,32 @@ ngx_http_idempotency_redis_resolve_failed(void *data,
 
     if (res->failed) {
         res->failed(res->data, node);
+    }
+}
+
+
+void
+ngx_http_idempotency_redis_resolve_ready(
+    ngx_http_idempotency_redis_node_t *node,
+    void (*ready)(void *data, ngx_http_idempotency_redis_node_t *node),
+    void *data)
+{
+    ngx_http_idempotency_redis_resolve_t  *res;
+
+    res = node->place_data;
+    res->ready = ready;
+    res->ready_data = data;
+}
+
+
+static void
+ngx_http_idempotency_redis_resolve_ready_handler(void *data,
+    ngx_http_idempotency_redis_node_t *node)
+{
+    ngx_http_idempotency_redis_resolve_t *res = data;
+
+    if (res->ready) {
+        res->ready(res->ready_data, node);
     }
 }
 

@@ -30,6 +30,15 @@ ngx_http_idempotency_redis_node_t *ngx_http_idempotency_redis_resolve_node(
     void (*failed)(void *data, ngx_http_idempotency_redis_node_t *node),
     void *data, ngx_pool_t *pool, ngx_log_t *log);
 
+/*
+ * "ready" (with "data") hears that the node made by resolve_node() is
+ * ready for commands, at every connect (see the place's ready)
+ */
+void ngx_http_idempotency_redis_resolve_ready(
+    ngx_http_idempotency_redis_node_t *node,
+    void (*ready)(void *data, ngx_http_idempotency_redis_node_t *node),
+    void *data);
+
 /* at worker exit, after node_exit(): the name's query and timer stopped */
 void ngx_http_idempotency_redis_resolve_exit(
     ngx_http_idempotency_redis_node_t *node);

@@ -39,6 +39,7 @@ struct ngx_http_idempotency_redis_sub_s {
     in_port_t                            port;
     /* for logs: host:port or unix:path, never the directive's text */
     u_char                               where[NGX_SOCKADDR_STRLEN + 16];
+    ngx_str_t                            peer;       /* where, for SSL */
     ngx_event_t                          timer;
     ngx_uint_t                           failures;   /* in a row */
     unsigned                             subscribed:1;
@@ -154,8 +155,8 @@ ngx_http_idempotency_redis_sub_connect(ngx_http_idempotency_redis_sub_t *sub)
         sub->node = node;
         ngx_cpystrn(sub->host, (u_char *) host, NGX_SOCKADDR_STRLEN);
         sub->port = port;
-        ngx_snprintf(sub->where, sizeof(sub->where) - 1, "%s:%d%Z",
-                     sub->host, (int) port);
+        ngx_snprintf(sub->where, sizeof(sub->where) - 1, "%s%s:%d%Z",
+                     rcf->tls ? "tls://" : "", sub->host, (int) port);
 
         ac = redisAsyncConnect((const char *) sub->host, port);
     }
@@ -178,8 +179,13 @@ ngx_http_idempotency_redis_sub_connect(ngx_http_idempotency_redis_sub_t *sub)
 
 #if (NGX_SSL)
     if (rcf->tls) {
+        sub->peer.data = sub->where;
+        sub->peer.len = ngx_strlen(sub->where);
+
         c = ngx_http_idempotency_redis_tls_attach(ac, rcf->tls, name, NULL,
-                                                  NULL, sub->log);
+                                                  NULL, &sub->peer,
+                                                  sub->failures > 0,
+                                                  sub->log);
         if (c) {
             c->write->handler = ngx_http_idempotency_redis_sub_write;
         }
@@ -330,6 +336,13 @@ ngx_http_idempotency_redis_sub_reply(redisAsyncContext *ac, void *r,
             ngx_log_error(NGX_LOG_NOTICE, sub->log, 0,
                           "idempotency: subscribed to \"%V\" at %s again",
                           sub->channel, sub->where);
+
+#if (NGX_SSL)
+            /* the streak ended: nginx's SSL lines are written again */
+            if (sub->conf->tls && ac->ev.data) {
+                ngx_http_idempotency_redis_tls_quiet(ac->ev.data, 0);
+            }
+#endif
         }
 
         sub->subscribed = 1;

@@ -20,10 +20,6 @@
 #include "ngx_http_idempotency_redis_tls.h"
 
 
-static ngx_int_t ngx_http_idempotency_redis_tls_names(ngx_conf_t *cf,
-    ngx_http_idempotency_redis_conf_t *rcf);
-
-
 #if (NGX_SSL)
 
 /* in every hiredis from 0.14 to 1.4, exported but in no public header */
@@ -35,6 +31,7 @@ typedef struct {
     ngx_event_handler_pt   read;    /* the caller's, put back after */
     ngx_event_handler_pt   write;   /* the handshake */
     ngx_flag_t             verify;
+    ngx_uint_t             level;   /* of the log it was given */
     unsigned               up:1;    /* hiredis heard of the connect */
 } ngx_http_idempotency_redis_tls_conn_t;
 
@@ -56,6 +53,8 @@ static void ngx_http_idempotency_redis_tls_write_handler(ngx_event_t *wev);
 static void ngx_http_idempotency_redis_tls_add_write(void *privdata);
 static void ngx_http_idempotency_redis_tls_noop(void *privdata);
 static void ngx_http_idempotency_redis_tls_cleanup(void *privdata);
+static u_char *ngx_http_idempotency_redis_tls_log(ngx_log_t *log,
+    u_char *buf, size_t len);
 
 
 static int  ngx_http_idempotency_redis_tls_index = -1;
@@ -199,9 +198,8 @@ ngx_http_idempotency_redis_tls_check(ngx_conf_t *cf, ngx_command_t *cmd,
 
 #if (NGX_SSL)
 
-    if (ngx_http_idempotency_redis_tls_names(cf, rcf) != NGX_OK) {
-        return NGX_CONF_ERROR;
-    }
+    /* each address's host as the address parser read it */
+    tls->names = rcf->hosts;
 
     if (ngx_http_idempotency_redis_tls_ctx(cf, tls) != NGX_OK) {
         return NGX_CONF_ERROR;
@@ -210,8 +208,6 @@ ngx_http_idempotency_redis_tls_check(ngx_conf_t *cf, ngx_command_t *cmd,
     return NGX_CONF_OK;
 
 #else
-
-    (void) ngx_http_idempotency_redis_tls_names;
 
     ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                        "\"%V\" directive: \"tls\" needs an nginx built "
@@ -224,70 +220,50 @@ ngx_http_idempotency_redis_tls_check(ngx_conf_t *cf, ngx_command_t *cmd,
 
 
 /*
- * The host of every address as written (a name, not the address it was
- * resolved to): what is sent and checked by default.
+ * A TLS connection's name in logs and in the status is its address after
+ * "tls://": a TLS and a plain connection to one address tell apart
  */
 
-static ngx_int_t
-ngx_http_idempotency_redis_tls_names(ngx_conf_t *cf,
-    ngx_http_idempotency_redis_conf_t *rcf)
+ngx_int_t
+ngx_http_idempotency_redis_tls_conn_name(ngx_pool_t *pool,
+    ngx_http_idempotency_redis_conf_t *rcf, ngx_str_t *name,
+    ngx_str_t *out)
 {
-    u_char      *p;
-    ngx_str_t   *value, *name, host;
-    ngx_url_t    u;
-    ngx_uint_t   i;
+    u_char  *p;
 
-    value = cf->args->elts;
+    if (rcf->tls == NULL) {
+        *out = *name;
+        return NGX_OK;
+    }
 
-    if (ngx_array_init(&rcf->tls->names, cf->pool, 1, sizeof(ngx_str_t))
-        != NGX_OK)
-    {
+    p = ngx_pnalloc(pool, sizeof("tls://") - 1 + name->len);
+    if (p == NULL) {
         return NGX_ERROR;
     }
 
-    for (i = 1; i < cf->args->nelts; i++) {
-
-        if (ngx_strlchr(value[i].data, value[i].data + value[i].len, '=')
-            != NULL
-            || ngx_strcmp(value[i].data, "cluster") == 0
-            || ngx_strcmp(value[i].data, "tls") == 0)
-        {
-            continue;
-        }
-
-        ngx_memzero(&u, sizeof(ngx_url_t));
-
-        u.url = value[i];
-        u.default_port = 6379;
-        u.no_resolve = 1;
-
-        if (ngx_parse_url(cf->pool, &u) != NGX_OK) {
-            return NGX_ERROR;
-        }
-
-        host = u.host;
-
-        if (host.len > 1 && host.data[0] == '[') {
-            host.data++;
-            host.len -= 2;
-        }
-
-        p = ngx_pnalloc(cf->pool, host.len + 1);
-        if (p == NULL) {
-            return NGX_ERROR;
-        }
-
-        name = ngx_array_push(&rcf->tls->names);
-        if (name == NULL) {
-            return NGX_ERROR;
-        }
-
-        name->data = p;
-        name->len = host.len;
-        ngx_cpystrn(p, host.data, host.len + 1);
-    }
+    out->data = p;
+    out->len = ngx_sprintf(p, "tls://%V", name) - p;
 
     return NGX_OK;
+}
+
+
+/*
+ * TCP connected, TLS not up: a server that does not speak TLS there
+ * (Redis's plain port waits for a line that a ClientHello never ends)
+ * answers nothing, and the operator should hear what that likely means
+ */
+
+const char *
+ngx_http_idempotency_redis_tls_timed_out(redisAsyncContext *ac)
+{
+    if (ac->c.flags & REDIS_CONNECTED) {
+        return "timed out in the TLS handshake, the server never "
+               "answered it (a port without TLS, such as Redis's plain "
+               "port?)";
+    }
+
+    return "timed out";
 }
 
 
@@ -326,11 +302,17 @@ ngx_http_idempotency_redis_tls_ctx(ngx_conf_t *cf,
     cln->handler = ngx_ssl_cleanup_ctx;
     cln->data = tls->ssl;
 
+    /* OpenSSL's errors name neither the directive nor its place */
+
     if (tls->certificate.len
         && ngx_ssl_certificate(cf, tls->ssl, &tls->certificate,
                                &tls->certificate_key, NULL)
            != NGX_OK)
     {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"idempotency_redis\" directive: cannot load "
+                           "\"tls_certificate=%V\" with its "
+                           "\"tls_certificate_key=\"", &tls->certificate);
         return NGX_ERROR;
     }
 
@@ -339,6 +321,10 @@ ngx_http_idempotency_redis_tls_ctx(ngx_conf_t *cf,
                                         &tls->trusted_certificate, 9)
             != NGX_OK)
         {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "\"idempotency_redis\" directive: cannot "
+                               "load \"tls_trusted_certificate=%V\"",
+                               &tls->trusted_certificate);
             return NGX_ERROR;
         }
 
@@ -370,9 +356,10 @@ ngx_connection_t *
 ngx_http_idempotency_redis_tls_attach(redisAsyncContext *ac,
     ngx_http_idempotency_redis_tls_t *tls, const char *name,
     ngx_ssl_session_t *session, ngx_connection_handler_pt save,
-    ngx_log_t *log)
+    ngx_str_t *peer, ngx_uint_t quiet, ngx_log_t *log)
 {
     ngx_int_t                               event;
+    ngx_log_t                              *clog;
     ngx_connection_t                       *c;
     ngx_http_idempotency_redis_tls_conn_t  *tc;
 
@@ -387,12 +374,40 @@ ngx_http_idempotency_redis_tls_attach(redisAsyncContext *ac,
         return NULL;
     }
 
+    /*
+     * The connection's own log, as nginx gives each client connection
+     * one: nginx's SSL layer writes its lines there (SSL_do_handshake(),
+     * SSL_read() failed), named after the peer.  As for nginx's upstream
+     * connections, the reasons nginx counts as the peer's go at "error";
+     * in a streak of failures whose first was logged nothing is written:
+     * the caller logs each streak once, and a server that breaks every
+     * handshake must not get a line per reconnect.  nginx writes some
+     * reasons at "crit" whatever c->log_error says (a client certificate
+     * the server requires, with TLSv1.3): hence a level, not only
+     * log_error.  With debug logging everything stays.
+     */
+
+    clog = ngx_palloc(c->pool, sizeof(ngx_log_t));
+    if (clog == NULL) {
+        ngx_destroy_pool(c->pool);
+        c->fd = (ngx_socket_t) -1;
+        ngx_free_connection(c);
+        return NULL;
+    }
+
+    *clog = *log;
+    clog->handler = ngx_http_idempotency_redis_tls_log;
+    clog->data = peer;
+    clog->action = "TLS handshaking";
+
+    c->log = clog;
+    c->pool->log = clog;
+
     c->data = ac;
     c->read->handler = ngx_http_idempotency_redis_tls_read_handler;
     c->write->handler = ngx_http_idempotency_redis_tls_write_handler;
-    c->read->log = log;
-    c->write->log = log;
-    c->log_error = NGX_ERROR_ERR;
+    c->read->log = clog;
+    c->write->log = clog;
     c->number = ngx_atomic_fetch_add(ngx_connection_counter, 1);
 
     c->recv = ngx_recv;
@@ -406,6 +421,7 @@ ngx_http_idempotency_redis_tls_attach(redisAsyncContext *ac,
     }
 
     tc->verify = tls->verify;
+    tc->level = log->log_level;
 
     if (ngx_ssl_create_connection(tls->ssl, c,
                                   NGX_SSL_BUFFER|NGX_SSL_CLIENT)
@@ -421,6 +437,8 @@ ngx_http_idempotency_redis_tls_attach(redisAsyncContext *ac,
         ngx_ssl_error(NGX_LOG_ALERT, log, 0, "SSL_set_ex_data() failed");
         goto failed;
     }
+
+    ngx_http_idempotency_redis_tls_quiet(c, quiet);
 
     if (ngx_http_idempotency_redis_tls_name(c, tls, name) != NGX_OK) {
         goto failed;
@@ -797,6 +815,7 @@ ngx_http_idempotency_redis_tls_handshaked(ngx_connection_t *c)
                           ? "resumed" : "new");
 
     tc->up = 1;
+    c->log->action = NULL;
 
     if (ac->onConnect) {
         ac->onConnect(ac, REDIS_OK);
@@ -963,6 +982,53 @@ ngx_http_idempotency_redis_tls_cleanup(void *privdata)
 
     ac->c.fd = -1;
     ac->ev.data = NULL;
+}
+
+
+
+/*
+ * nginx's SSL lines of the connection written (as for nginx's upstream
+ * connections) or not (quiet), from now on; see tls_attach()
+ */
+
+void
+ngx_http_idempotency_redis_tls_quiet(ngx_connection_t *c, ngx_uint_t quiet)
+{
+    ngx_http_idempotency_redis_tls_conn_t  *tc;
+
+    tc = ngx_http_idempotency_redis_tls_conn(c);
+
+    c->log->log_level = tc->level;
+    c->log_error = quiet ? NGX_ERROR_INFO : NGX_ERROR_ERR;
+
+    if (quiet && (tc->level & NGX_LOG_DEBUG_ALL) == 0) {
+        c->log->log_level = ngx_min(tc->level, NGX_LOG_ALERT);
+    }
+}
+
+
+/* the lines nginx's SSL layer writes name the Redis connection */
+
+static u_char *
+ngx_http_idempotency_redis_tls_log(ngx_log_t *log, u_char *buf, size_t len)
+{
+    u_char     *p;
+    ngx_str_t  *peer;
+
+    p = buf;
+
+    if (log->action) {
+        p = ngx_snprintf(p, len, " while %s", log->action);
+        len -= p - buf;
+    }
+
+    peer = log->data;
+
+    if (peer) {
+        p = ngx_snprintf(p, len, ", redis: \"%V\"", peer);
+    }
+
+    return p;
 }
 
 #endif

@@ -41,6 +41,16 @@ ngx_int_t ngx_http_idempotency_redis_tls_option(ngx_conf_t *cf,
 char *ngx_http_idempotency_redis_tls_check(ngx_conf_t *cf,
     ngx_command_t *cmd, ngx_http_idempotency_redis_conf_t *rcf);
 
+/*
+ * The name of a connection of rcf in logs and in the status: "name", or
+ * "tls://name" for a TLS connection (allocated in pool)
+ */
+ngx_int_t ngx_http_idempotency_redis_tls_conn_name(ngx_pool_t *pool,
+    ngx_http_idempotency_redis_conf_t *rcf, ngx_str_t *name, ngx_str_t *out);
+
+/* why a TLS connection's connect timed out, for the log */
+const char *ngx_http_idempotency_redis_tls_timed_out(redisAsyncContext *ac);
+
 
 #if (NGX_SSL)
 
@@ -52,11 +62,23 @@ char *ngx_http_idempotency_redis_tls_check(ngx_conf_t *cf,
  * the first configured address's host).  session: to resume, or NULL;
  * save: called with every new session of the connection, or NULL.  The
  * caller sets the event handlers, which call the two below.
+ * peer: the connection's name in nginx's own SSL lines (never the
+ * directive's text), living as long as the connection; quiet: those lines
+ * are not written (a later failure of a streak whose first one was
+ * logged), else as nginx's upstream connections write them.
  */
 ngx_connection_t *ngx_http_idempotency_redis_tls_attach(
     redisAsyncContext *ac, ngx_http_idempotency_redis_tls_t *tls,
     const char *name, ngx_ssl_session_t *session,
-    ngx_connection_handler_pt save, ngx_log_t *log);
+    ngx_connection_handler_pt save, ngx_str_t *peer, ngx_uint_t quiet,
+    ngx_log_t *log);
+
+/*
+ * From now on nginx's SSL lines of the connection c (made by tls_attach())
+ * are written as by tls_attach() with "quiet" (0: a streak ended)
+ */
+void ngx_http_idempotency_redis_tls_quiet(ngx_connection_t *c,
+    ngx_uint_t quiet);
 
 /* save_session of a node's connection: the node resumes it next time */
 void ngx_http_idempotency_redis_tls_save_session(ngx_connection_t *c);

@@ -73,8 +73,38 @@ static ngx_http_idempotency_redis_place_t
     ngx_http_idempotency_redis_sentinel_place = {
     ngx_http_idempotency_redis_sentinel_address,
     NULL,
+    NULL,
     &ngx_http_idempotency_redis_role,
     1
+};
+
+
+/*
+ * "resolve": the second connection of a single server goes where the
+ * first one is, never where its own answer of the name would send it (a
+ * name with several addresses, or a move seen by one connection's answer
+ * first, would split a large record's chunks from its head)
+ */
+typedef struct {
+    ngx_http_idempotency_redis_node_t  *first;
+    ngx_http_idempotency_redis_node_t  *second;
+    unsigned                            waiting:1;
+} ngx_http_idempotency_redis_follow_t;
+
+
+static ngx_int_t ngx_http_idempotency_redis_follow_address(void *data,
+    const char **host, in_port_t *port, const char **reason);
+static void ngx_http_idempotency_redis_follow_ready(void *data,
+    ngx_http_idempotency_redis_node_t *node);
+
+
+static ngx_http_idempotency_redis_place_t
+    ngx_http_idempotency_redis_follow_place = {
+    ngx_http_idempotency_redis_follow_address,
+    NULL,
+    NULL,
+    NULL,
+    0
 };
 
 
@@ -84,21 +114,49 @@ static ngx_int_t
 ngx_http_idempotency_redis_single_init(ngx_cycle_t *cycle,
     ngx_http_idempotency_redis_conf_t *rcf)
 {
-    ngx_uint_t                          i;
-    ngx_addr_t                         *addr;
-    ngx_http_idempotency_redis_node_t  *node;
+    ngx_uint_t                            i;
+    ngx_addr_t                           *addr;
+    ngx_http_idempotency_redis_node_t    *node;
+    ngx_http_idempotency_redis_follow_t  *follow;
 
     addr = rcf->addrs.elts;
+    follow = NULL;
 
     for (i = 0; i < 2; i++) {
 
-        /* "resolve" and a name: each connection follows the name */
+        /*
+         * "resolve" and a name: the first connection follows the name,
+         * the second one the first
+         */
 
-        if (rcf->named) {
+        if (rcf->named && i == 0) {
             node = ngx_http_idempotency_redis_resolve_node(rcf, &rcf->host,
                                                            rcf->port, NULL,
                                                            NULL, cycle->pool,
                                                            cycle->log);
+
+        } else if (rcf->named) {
+            follow = ngx_pcalloc(cycle->pool,
+                                 sizeof(ngx_http_idempotency_redis_follow_t));
+            if (follow == NULL) {
+                return NGX_ERROR;
+            }
+
+            node = ngx_http_idempotency_redis_node_create(rcf, &rcf->host,
+                                     rcf->port, &rcf->node->name,
+                                     &ngx_http_idempotency_redis_follow_place,
+                                     follow, cycle->pool, cycle->log);
+
+            if (node) {
+                /* the name is the first connection's, "tls://" already */
+                node->name = rcf->node->name;
+                follow->first = rcf->node;
+                follow->second = node;
+
+                ngx_http_idempotency_redis_resolve_ready(rcf->node,
+                                     ngx_http_idempotency_redis_follow_ready,
+                                     follow);
+            }
 
         } else {
             node = ngx_http_idempotency_redis_node_create(rcf, &rcf->host,
@@ -136,10 +194,6 @@ ngx_http_idempotency_redis_single_exit(ngx_http_idempotency_redis_conf_t *rcf)
     if (rcf->bulk) {
         ngx_http_idempotency_redis_node_exit(rcf->bulk);
 
-        if (rcf->named) {
-            ngx_http_idempotency_redis_resolve_exit(rcf->bulk);
-        }
-
         rcf->bulk = NULL;
     }
 
@@ -170,6 +224,67 @@ ngx_http_idempotency_redis_master(ngx_http_idempotency_redis_conf_t *rcf,
     ngx_http_idempotency_redis_node_t *current)
 {
     return rcf->node;
+}
+
+
+/* where the first connection is when it is ready; else it is waited for */
+
+static ngx_int_t
+ngx_http_idempotency_redis_follow_address(void *data, const char **host,
+    in_port_t *port, const char **reason)
+{
+    ngx_http_idempotency_redis_follow_t *follow = data;
+
+    const char  *name;
+
+    if (ngx_http_idempotency_redis_node_peer(follow->first, host, port, &name)
+        != NGX_OK)
+    {
+        follow->waiting = 1;
+        return NGX_AGAIN;
+    }
+
+    follow->waiting = 0;
+
+    return NGX_OK;
+}
+
+
+/*
+ * The first connection is ready: the second one, waiting for it, connects;
+ * connected elsewhere (the name moved the first one), it moves too
+ */
+
+static void
+ngx_http_idempotency_redis_follow_ready(void *data,
+    ngx_http_idempotency_redis_node_t *node)
+{
+    ngx_http_idempotency_redis_follow_t *follow = data;
+
+    ngx_http_idempotency_redis_node_t  *second;
+
+    second = follow->second;
+
+    if (follow->waiting) {
+        follow->waiting = 0;
+        ngx_http_idempotency_redis_node_reconnect(second, 0);
+        return;
+    }
+
+    if (second->state == NGX_HTTP_IDEMPOTENCY_REDIS_IDLE
+        || (second->peer_port == node->peer_port
+            && ngx_strcmp(second->peer, node->peer) == 0))
+    {
+        return;
+    }
+
+    ngx_log_error(NGX_LOG_NOTICE, second->log, 0,
+                  "idempotency redis: \"%V\": the second connection moves "
+                  "from %s:%d to %s:%d, where the first one is",
+                  &second->name, second->peer, (int) second->peer_port,
+                  node->peer, (int) node->peer_port);
+
+    ngx_http_idempotency_redis_node_reconnect(second, 1);
 }
 
 

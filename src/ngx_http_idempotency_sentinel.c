@@ -40,6 +40,7 @@ typedef struct {
     u_char                                 host[
                                     NGX_HTTP_IDEMPOTENCY_SENTINEL_HOST_LEN + 1];
     in_port_t                              port;
+    unsigned                               failing:1; /* did not answer */
 } ngx_http_idempotency_sentinel_addr_t;
 
 
@@ -129,7 +130,7 @@ static void ngx_http_idempotency_sentinel_close_sub(
 static redisAsyncContext *ngx_http_idempotency_sentinel_connect(
     ngx_http_idempotency_sentinel_t *s,
     ngx_http_idempotency_sentinel_addr_t *addr, redisCallbackFn *fn,
-    void *data, ngx_event_handler_pt read);
+    void *data, ngx_event_handler_pt read, ngx_uint_t quiet);
 static void ngx_http_idempotency_sentinel_query_read(ngx_event_t *rev);
 static void ngx_http_idempotency_sentinel_sub_read(ngx_event_t *rev);
 
@@ -180,7 +181,12 @@ ngx_http_idempotency_sentinel_create(ngx_pool_t *pool,
     for (i = 0; i < s->naddrs; i++) {
         sa = &s->addrs[i];
 
-        sa->name = addr[i].name;
+        if (ngx_http_idempotency_redis_tls_conn_name(pool, rcf, &addr[i].name,
+                                                     &sa->name)
+            != NGX_OK)
+        {
+            return NULL;
+        }
         len = ngx_sock_ntop(addr[i].sockaddr, addr[i].socklen, sa->host,
                             NGX_HTTP_IDEMPOTENCY_SENTINEL_HOST_LEN, 0);
         sa->host[len] = '\0';
@@ -321,6 +327,9 @@ ngx_http_idempotency_sentinel_failed(ngx_http_idempotency_sentinel_t *s,
                           &s->conf->sentinel_master, reason);
         }
 
+        /* nginx's SSL lines of its next queries are not written */
+        s->addrs[s->asking].failing = 1;
+
         if (s->exiting || ++s->asked >= s->naddrs) {
             ngx_http_idempotency_sentinel_done(s,
                                       NGX_HTTP_IDEMPOTENCY_SENTINEL_UNKNOWN);
@@ -367,7 +376,8 @@ ngx_http_idempotency_sentinel_send(ngx_http_idempotency_sentinel_t *s)
 
     ac = ngx_http_idempotency_sentinel_connect(s, addr,
                                  ngx_http_idempotency_sentinel_query_reply, s,
-                                 ngx_http_idempotency_sentinel_query_read);
+                                 ngx_http_idempotency_sentinel_query_read,
+                                 addr->failing);
     if (ac == NULL) {
         return NGX_ERROR;
     }
@@ -457,6 +467,7 @@ ngx_http_idempotency_sentinel_query_reply(redisAsyncContext *ac, void *r,
                    &s->addrs[s->asking].name, s->host, (int) s->port);
 
     s->last = s->asking;
+    s->addrs[s->asking].failing = 0;
 
     ngx_http_idempotency_sentinel_done(s, NGX_HTTP_IDEMPOTENCY_SENTINEL_FOUND);
 }
@@ -606,7 +617,8 @@ ngx_http_idempotency_sentinel_subscribe(
     ac = ngx_http_idempotency_sentinel_connect(s, addr,
                                        ngx_http_idempotency_sentinel_sub_reply,
                                        sub,
-                                       ngx_http_idempotency_sentinel_sub_read);
+                                       ngx_http_idempotency_sentinel_sub_read,
+                                       sub->failures > 0);
     if (ac == NULL) {
         ngx_http_idempotency_sentinel_resubscribe(sub, "cannot connect");
         return;
@@ -732,6 +744,13 @@ ngx_http_idempotency_sentinel_sub_reply(redisAsyncContext *ac, void *r,
             ngx_log_error(NGX_LOG_INFO, s->log, 0,
                           "idempotency sentinel: events from %V again",
                           &s->addrs[sub->index].name);
+
+#if (NGX_SSL)
+            /* the streak ended: nginx's SSL lines are written again */
+            if (s->conf->tls && ac->ev.data) {
+                ngx_http_idempotency_redis_tls_quiet(ac->ev.data, 0);
+            }
+#endif
         }
 
         sub->subscribed = 1;
@@ -938,10 +957,12 @@ ngx_http_idempotency_sentinel_close_sub(
 
 /* a context on nginx events, with AUTH queued if the sentinels want it */
 
+/* quiet: nginx's own SSL lines are not written (ngx_..._redis_tls.h) */
+
 static redisAsyncContext *
 ngx_http_idempotency_sentinel_connect(ngx_http_idempotency_sentinel_t *s,
     ngx_http_idempotency_sentinel_addr_t *addr, redisCallbackFn *fn,
-    void *data, ngx_event_handler_pt read)
+    void *data, ngx_event_handler_pt read, ngx_uint_t quiet)
 {
     int                                 argc;
     size_t                              argvlen[3];
@@ -980,11 +1001,12 @@ ngx_http_idempotency_sentinel_connect(ngx_http_idempotency_sentinel_t *s,
 
         c = ngx_http_idempotency_redis_tls_attach(ac, rcf->tls,
                                   (const char *) names[addr - s->addrs].data,
-                                  NULL, NULL, s->log);
+                                  NULL, NULL, &addr->name, quiet, s->log);
 
     } else
 #endif
     {
+        (void) quiet;
         c = ngx_http_idempotency_redis_attach(ac, s->log);
     }
 

@@ -1,10 +1,30 @@
 # Directives: every valid form passes "nginx -t", every invalid form fails it
 # with a message naming the directive, and settings inherit
-# http -> server -> location.
+# http -> server -> location.  Errors found only once the whole http block
+# is read name the directive's own file and line too (not the end of the
+# block): those blocks run nginx -t on configurations of their own
+# (IdemTest::nginx_t_http), whose lines they know.
 
 use Test::Nginx::Socket 'no_plan';
+use lib 't/lib';
+use IdemTest;
 
 $ENV{TEST_NGINX_REDIS_PORT} ||= 6379;
+
+# nginx -t of an http block $http fails with a line like $re that ends
+# "in FILE:LINE", LINE being where the text $at ends in that file
+sub refused_at {
+    my ($name, $http, $at, $re) = @_;
+
+    my ($out, $conf) = nginx_t_http($http);
+    my $line = conf_line($conf, $at);
+
+    Test::More::unlike($out, qr/test is successful/, "$name: nginx -t fails");
+    Test::More::like($out, qr/\[emerg\] .*$re.* in \Q$conf\E:$line$/m,
+                     "$name: the message names the directive and "
+                     . "nginx.conf:$line")
+        or Test::More::diag($out);
+}
 
 no_shuffle();
 run_tests();
@@ -562,3 +582,132 @@ GET /t
 ok
 --- no_error_log
 [emerg]
+
+
+
+=== TEST 35: errors found after the http block name the Redis directive's place: resolve without a resolver, used or not; a missing CA file
+--- init
+main::refused_at('resolve in a location', <<'HTTP',
+    server {
+        listen 127.0.0.1:1;
+
+        location = /t {
+            idempotency on;
+            idempotency_redis redis.invalid:6379 resolve;
+        }
+    }
+HTTP
+    'idempotency_redis redis.invalid:6379 resolve;',
+    qr/"idempotency_redis" directive with "resolve" needs a "resolver"/);
+
+# no location uses it: it is refused all the same (where it is, a resolver
+# is needed; nginx -t cannot know that no location will)
+main::refused_at('resolve in http, used by no location', <<'HTTP',
+    idempotency_redis redis.invalid:6379
+                      resolve;
+
+    server {
+        listen 127.0.0.1:1;
+
+        location = /t {
+            return 204;
+        }
+    }
+HTTP
+    'resolve;',
+    qr/"idempotency_redis" directive with "resolve" needs a "resolver"/);
+
+SKIP: {
+    my $nginx = $ENV{TEST_NGINX_BINARY} || 'nginx';
+    Test::More::skip('nginx without OpenSSL: "tls" is refused', 2)
+        if `'$nginx' -V 2>&1` !~ /OpenSSL/;
+
+    main::refused_at('a missing tls_trusted_certificate file', <<'HTTP',
+    server {
+        listen 127.0.0.1:1;
+
+        location = /t {
+            idempotency on;
+            idempotency_redis 127.0.0.1:6379 tls
+                              tls_trusted_certificate=/nonexistent/ca.crt;
+        }
+    }
+HTTP
+        'tls_trusted_certificate=/nonexistent/ca.crt;',
+        qr{"idempotency_redis" directive: cannot load "tls_trusted_certificate=/nonexistent/ca\.crt"});
+}
+--- config
+    location = /t {
+        return 204;
+    }
+--- request
+GET /t
+--- error_code: 204
+
+
+
+=== TEST 36: errors found after the http block name the location directive's place: idempotency on or idempotency_admin without Redis, an undeclared cache zone
+--- init
+main::refused_at('idempotency on without idempotency_redis', <<'HTTP',
+    server {
+        listen 127.0.0.1:1;
+
+        location = /t {
+            idempotency on;
+            return 204;
+        }
+    }
+HTTP
+    'idempotency on;',
+    qr/"idempotency" is on but no "idempotency_redis" is defined for it/);
+
+# inherited from the server: the place of the server's directive
+main::refused_at('idempotency on inherited without idempotency_redis',
+                 <<'HTTP',
+    server {
+        listen 127.0.0.1:1;
+        idempotency on;
+
+        location = /t {
+            return 204;
+        }
+    }
+HTTP
+    'idempotency on;',
+    qr/"idempotency" is on but no "idempotency_redis" is defined for it/);
+
+main::refused_at('idempotency_admin without idempotency_redis', <<'HTTP',
+    server {
+        listen 127.0.0.1:1;
+
+        location = /admin {
+            idempotency on;
+            idempotency_admin;
+        }
+    }
+HTTP
+    'idempotency_admin;',
+    qr/"idempotency_admin" needs an "idempotency_redis" for its location/);
+
+main::refused_at('idempotency_cache of an undeclared zone', <<'HTTP',
+    idempotency_redis 127.0.0.1:6379;
+    idempotency_cache_zone declared:1m;
+
+    server {
+        listen 127.0.0.1:1;
+
+        location = /t {
+            idempotency on;
+            idempotency_cache nozone;
+        }
+    }
+HTTP
+    'idempotency_cache nozone;',
+    qr/"idempotency_cache" directive: zone "nozone" is not declared by "idempotency_cache_zone"/);
+--- config
+    location = /t {
+        return 204;
+    }
+--- request
+GET /t
+--- error_code: 204

@@ -150,6 +150,13 @@ sub away_streaks {
 sub redis_back {
     my ($secs) = @_;
     redis_ctl('start');
+    return redis_connected($secs);
+}
+
+# returns once no connection of the worker is away (after a stop or a
+# pause that broke some), false after $secs
+sub redis_connected {
+    my ($secs) = @_;
     my $end = Time::HiRes::time() + $secs;
     while (Time::HiRes::time() < $end) {
         return 1 if away_streaks() == 0;
@@ -262,10 +269,23 @@ sub away_then_back {
         });
 }
 
+# SIGSTOP or SIGCONT to make test's Redis: stopped, it takes connections
+# and commands (the kernel queues them) but answers nothing until it goes
+# on, however long that takes (CLIENT PAUSE ends after a fixed time, and
+# Redis 6.0 has no CLIENT UNPAUSE)
+sub redis_signal {
+    my ($sig) = @_;
+    open my $fh, '<', $ENV{TEST_NGINX_REDIS_PIDFILE} // '' or return 0;
+    my $pid = <$fh> // '';
+    chomp $pid;
+    return $pid =~ /^\d+$/ && kill($sig, $pid);
+}
+
 # whatever happened above, later test files find Redis running, and no
 # dump.rdb of ours is loaded by a later restart
 END {
     if ($ENV{TEST_NGINX_REDIS_CTL}) {
+        redis_signal('CONT');
         system("'$ENV{TEST_NGINX_REDIS_CTL}' start > /dev/null 2>&1");
         my $dir = redis_dir();
         unlink "$dir/dump.rdb" if $dir;
@@ -278,13 +298,21 @@ run_tests();
 
 __DATA__
 
-=== TEST 1: Redis paused as the response completes: the store is kept for a retry
+=== TEST 1: Redis paused as the response completes: the client gets the response, the store is kept for a retry
+# Redis is stopped until the store's "kept for a retry" line is in the log
+# (TEST 2 checks it: the client may get its answer before the line is
+# written, both follow the same timeout)
 --- http_config eval: $::HttpConfig
 --- config eval: $::Config
 --- init
-main::upstream_once(before => sub {
-    main::redis_pause_all(int(1500 * $main::Slow));
-});
+my $hash = main::key_hash('pause-1');
+main::upstream_once(
+    before => sub { main::redis_signal('STOP') },
+    after => sub {
+        main::wait_log(qr/store of key_hash=$hash failed \(no reply in time\), kept for a retry/,
+                       30 * $main::Slow);
+        main::redis_signal('CONT');
+    });
 --- request
 POST /t
 x
@@ -295,9 +323,6 @@ Idempotency-Key: pause-1
 !Idempotent-Replayed
 --- response_body
 created
---- wait eval: 1 * $::Slow
---- error_log eval
-qr/"127\.0\.0\.1:\d+" store of key_hash=${\ main::key_hash('pause-1')} failed \(no reply in time\), kept for a retry/
 --- no_error_log
 gave up
 
@@ -305,7 +330,15 @@ gave up
 
 === TEST 2: once Redis is back, a retry gets the replay and the operation ran once
 --- init
-main::wait_state('pause-1', 'done', 10 * $main::Slow);
+Test::More::ok(main::wait_log(qr/"127\.0\.0\.1:\d+" store of key_hash=${\ main::key_hash('pause-1')} failed \(no reply in time\), kept for a retry/,
+                              30 * $main::Slow),
+               'the store found Redis paused and was kept for a retry');
+Test::More::ok(main::wait_state('pause-1', 'done', 30 * $main::Slow),
+               'it was stored once Redis went on');
+# every connection the pause broke is back (the retry would get 503 from
+# a worker still in its back-off)
+Test::More::ok(main::redis_connected(30 * $main::Slow),
+               'every connection of the worker is back');
 --- request
 POST /t
 x

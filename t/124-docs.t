@@ -2,7 +2,8 @@
 # every directive of src/'s command tables has its entry in
 # docs/directives.md (Syntax / Default / Context), every error-log message
 # of src/ is in docs/troubleshooting.md, every $idempotency_status value is
-# in docs/directives.md, every counter and JSON member of the status
+# in docs/directives.md, so is every problem name src/ sends (and no other),
+# every counter and JSON member of the status
 # location is in docs/observability.md, every log line those pages quote is
 # one that src/ writes, every nginx block in
 # README.md and docs/*.md passes `nginx -t` with the built module, every
@@ -90,6 +91,26 @@ ok($varrow, 'docs/directives.md has a row for $idempotency_status');
 for my $o (@outcomes) {
     like($varrow // '', qr/`\Q$o\E`/, "  which lists $o");
 }
+
+# -- problem names: what idempotency_problem_type's entry in
+# docs/directives.md lists is what src/ sends, no more and no less (the
+# names of the problems table and of the admin location's problems)
+my %problems;
+for my $c (@src{sort keys %src}) {
+    while ($c =~ /_problems\[\]\s*=\s*\{(.*?)\};/sg) {
+        $problems{$_} = 1
+            for $1 =~ /\{\s*NGX_\w+,\s*ngx_string\("([a-z-]+)"\)/g;
+    }
+    $problems{$_} = 1
+        for $c =~ /_admin_problem\(\s*r,\s*\w+,\s*"([a-z-]+)"/g;
+}
+ok(keys %problems >= 10,
+   'found the problem names src/ sends (' . scalar(keys %problems) . ')');
+my ($ptype) = $ref =~ /^### idempotency_problem_type\n(.*?)(?=^### )/ms;
+my %listed = map { $_ => 1 } ($ptype // '') =~ /`([a-z]+(?:-[a-z]+)+)`/g;
+is_deeply([sort keys %listed], [sort keys %problems],
+          'docs/directives.md: idempotency_problem_type lists every problem '
+          . 'name src/ sends, no other');
 
 # -- the status location: every Prometheus family and label value it
 # writes is in docs/observability.md's table, and the JSON document there

@@ -60,6 +60,16 @@ for my $cmd (sort keys %used) {
        "$cmd (sent by $used{$cmd}) is allowed by the ACL line");
 }
 
+# the page's SCRIPT LOAD row names every script a worker loads: each
+# src/lua/*.lua, whatever the configuration (a cache zone or not)
+my ($load_row) = slurp('docs/operations.md') =~ /^(\| `SCRIPT LOAD` .*)$/m;
+ok($load_row, 'docs/operations.md has a SCRIPT LOAD row');
+for my $f (glob('src/lua/*.lua')) {
+    my ($name) = $f =~ m{([^/]+)\.lua$};
+    like($load_row // '', qr/`\Q$name\E`/,
+         "the SCRIPT LOAD row names the script $name");
+}
+
 # run it as written, against the test Redis; Redis 6.0 has no channel
 # rights and refuses their words: the page says to leave them out there
 my $line = $acl =~ s/^redis-cli /@cli /r;
@@ -100,6 +110,10 @@ our $Config = q{
     location = /backend {
         access_log logs/error.log exec;
         return 201 "created\n";
+    }
+
+    location = /admin {
+        idempotency_admin;
     }
 };
 
@@ -142,6 +156,34 @@ Idempotent-Replayed: true
 created
 --- no_error_log
 EXEC POST
+[error]
+
+
+
+=== TEST 2a: as the ACL user, an admin DELETE removes the record (the purge script's GET, DEL and PUBLISH)
+--- http_config eval: $::HttpConfig
+--- config eval: $::Config
+--- request
+DELETE /admin?key=acl-1&scope=test:
+--- error_code: 204
+--- no_error_log
+[error]
+
+
+
+=== TEST 2b: the removed key runs again
+--- http_config eval: $::HttpConfig
+--- config eval: $::Config
+--- request
+POST /t
+{"amount":1}
+--- more_headers
+Idempotency-Key: acl-1
+--- error_code: 201
+--- grep_error_log: EXEC POST /backend acl-1
+--- grep_error_log_out
+EXEC POST /backend acl-1
+--- no_error_log
 [error]
 
 

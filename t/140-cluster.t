@@ -105,6 +105,41 @@ sub parked_total {
     return $res =~ /"redis": \{[^}]*"parked": (\d+)/ ? $1 : -1;
 }
 
+# the pids of the processes whose parent is $ppid (the master's workers)
+sub children {
+    my ($ppid) = @_;
+    my @pids;
+    for my $stat (glob '/proc/[0-9]*/stat') {
+        open my $fh, '<', $stat or next;
+        my $line = <$fh> // next;
+        # pid (comm) state ppid: comm may hold spaces and parentheses
+        push @pids, $1 if $line =~ /^(\d+) \(.*\) \S+ (\d+) / && $2 == $ppid;
+    }
+    return @pids;
+}
+
+# After a HUP to $master, whose workers were @old: true once every old
+# worker has exited (the master's notice; an old worker's alerts, such as
+# "open socket ... left in connection", come before it) and every new
+# worker has learnt the whole slot map (its first map is logged at info),
+# false after $secs
+sub reloaded {
+    my ($master, $secs, @old) = @_;
+    my %old = map { $_ => 1 } @old;
+    my $end = Time::HiRes::time() + $secs;
+
+    while (Time::HiRes::time() < $end) {
+        my $log = error_log();
+        my @new = grep { !$old{$_} } children($master);
+        return 1
+            if !grep({ $log !~ /worker process $_ exited with code/ } @old)
+               && @new
+               && !grep({ $log !~ /\[info\] $_#\d+: idempotency redis cluster: slot map from .* 16384 of 16384 slots covered/ } @new);
+        Time::HiRes::sleep(0.1);
+    }
+    return 0;
+}
+
 sub keyslot {
     return $C->cli(0, 'CLUSTER', 'KEYSLOT', $_[0]);
 }
@@ -122,35 +157,12 @@ sub keys_on {
 }
 
 # An upstream for one request on $TEST_NGINX_SLOW_PORT that answers 201
-# only once the file "$go" exists (at most 30 s), and writes a line to
-# "$go.runs" per request it got.
+# only once the file "$go" exists, and writes a line to "$go.runs" per
+# request it got (IdemTest::held_upstream)
 sub slow_upstream {
     my ($go) = @_;
-    my $srv = IO::Socket::INET->new(LocalAddr => '127.0.0.1',
-                                    LocalPort => $ENV{TEST_NGINX_SLOW_PORT},
-                                    Listen => 5, ReuseAddr => 1)
-        or die "slow upstream: $!";
-    my $pid = fork();
-    die "fork: $!" unless defined $pid;
-    if ($pid) {
-        close $srv;
-        return $pid;
-    }
-    alarm(40);
-    my $c = $srv->accept or POSIX::_exit(1);
-    my $req = '';
-    while ($req !~ /\r\n\r\n/) {
-        sysread($c, $req, 4096, length $req) or last;
-    }
-    open my $runs, '>>', "$go.runs";
-    print $runs "run\n";
-    close $runs;
-    my $end = time + 30;
-    Time::HiRes::sleep(0.05) while !-e $go && time < $end;
-    print $c "HTTP/1.1 201 Created\r\nContent-Length: 8\r\n"
-             . "Connection: close\r\n\r\ncreated\n";
-    close $c;
-    POSIX::_exit(0);
+    return held_upstream(port => $ENV{TEST_NGINX_SLOW_PORT}, go => $go,
+                         runs => "$go.runs");
 }
 
 sub record_key {
@@ -333,15 +345,20 @@ Idempotent-Replayed: true
 
 
 === TEST 7a: nginx reloaded: the new workers learn the map again, the old ones close every node connection
---- skip_eval: 4: $ENV{TEST_NGINX_USE_VALGRIND}
+# waits for the events, not for a time: the old workers' exit (after
+# which any line about a socket they left open is in the log) and the new
+# workers' slot map
+--- skip_eval: 5: $ENV{TEST_NGINX_USE_VALGRIND}
 --- init
 return if $ENV{TEST_NGINX_USE_VALGRIND};    # skipped (the real Test::Nginx runs init anyway)
 my $pidfile = "$ENV{TEST_NGINX_SERVER_ROOT}/logs/nginx.pid";
 open my $fh, '<', $pidfile or die "no $pidfile: $!";
 my $pid = <$fh>;
 chomp $pid;
+my @old = main::children($pid);
 kill 'HUP', $pid or die "cannot HUP $pid";
-Time::HiRes::sleep(1.5 * $main::Slow);
+Test::More::ok(main::reloaded($pid, 30 * $main::Slow, @old),
+               'the old workers exited, the new ones have the slot map');
 main::new_log();
 --- request
 POST /t
@@ -351,7 +368,6 @@ Idempotency-Key: mv-{mv}-1
 --- error_code: 201
 --- response_headers
 Idempotent-Replayed: true
---- wait eval: 0.5 * $::Slow
 --- no_error_log
 [alert]
 [emerg]

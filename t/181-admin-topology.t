@@ -87,11 +87,11 @@ SKIP: {
 # --- Cluster ----------------------------------------------------------------
 
 SKIP: {
-    skip 'no redis-server 6.0 or newer', 11
+    skip 'no redis-server 6.0 or newer', 15
         if `redis-server --version 2>/dev/null` !~ /v=(\d+)\./ || $1 < 6;
 
     $cluster = IdemCluster->start(3);
-    skip "no Redis Cluster: $IdemCluster::Error", 11 unless $cluster;
+    skip "no Redis Cluster: $IdemCluster::Error", 15 unless $cluster;
 
     start_nginx('cluster', $cluster->seeds . ' cluster');
 
@@ -140,6 +140,22 @@ SKIP: {
 
     is(admin('DELETE', $key, 'Bearer c')->{status}, 404,
        'Cluster: a second DELETE answers 404');
+
+    # a split record: its chunks are in its slot, and go with it
+    my $big = (sort keys %owner)[-1];
+    my $i = $owner{$big};
+    my $chunks = sub {
+        scalar grep { /:body:/ } split /\n/,
+            $cluster->cli($i, 'KEYS', "$Prefix*:$big*");
+    };
+    is(request("POST /big HTTP/1.1\r\nHost: localhost\r\n"
+               . "Idempotency-Key: $big\r\nAuthorization: Bearer c\r\n"
+               . "Content-Length: 1\r\nConnection: close\r\n\r\nx")
+           ->{status}, 200, 'Cluster: a 2 MB response runs');
+    ok(wait_for(10, sub { $chunks->() == 2 }),
+       "  stored split: two chunks on master $i, beside its head");
+    is(admin('DELETE', $big, 'Bearer c')->{status}, 204, '  DELETE');
+    is($chunks->(), 0, '  no chunk of its body is left');
 
     stop_nginx();
     $cluster->stop;
@@ -252,9 +268,25 @@ http {
         location = /backend {
             return 201 "ran\\n";
         }
+
+        # a 2 MB response: a split record, its body in two chunks
+        location = /big {
+            idempotency on;
+            idempotency_max_response_size 4m;
+            proxy_method GET;
+            proxy_pass http://127.0.0.1:$port/big.bin;
+        }
+
+        location = /big.bin {
+            root $prefix;
+        }
     }
 }
 CONF
+    RedisTopology::write_file("$prefix/big.bin", 'b' x 2_000_000);
+    # the workers (nobody, under root) read it
+    chmod 0755, $dir, $prefix;
+    chmod 0644, "$prefix/big.bin";
 
     $nginx_pid = fork();
     die "fork: $!" unless defined $nginx_pid;

@@ -12,13 +12,18 @@
 # requires a client certificate.  Skipped when openssl is missing or
 # redis-server has no TLS.
 
-our ($Dir, %Port, @Pids, $Why, $Main);
+our ($Dir, %Port, @Pids, $Why, $Main, $Dns);
 
 # before BEGIN: it stops the servers even when BEGIN dies
 END {
     if (defined $Main && $$ == $Main) {
         kill 'TERM', @Pids;
         waitpid($_, 0) for @Pids;
+        $Dns->stop if $Dns;
+
+    } elsif ($Dns) {
+        # a child of ours: the DNS server is the main process's to stop
+        delete $Dns->{pid};
     }
 }
 
@@ -150,6 +155,15 @@ BEGIN {
             && $wait->($cp, 'CLUSTER INFO', qr/cluster_state:ok/);
     }
 
+    # a name for "resolve": redis.test, the server certificate's DNS name
+    unless ($Why) {
+        require lib;
+        lib->import('t/lib');
+        require TinyDNS;
+        $Dns = TinyDNS->new(dir => $Dir, ttl => 1);
+        $Dns->set('redis.test' => '127.0.0.1');
+    }
+
     if ($Why) {
         require Test::More;
         Test::More::plan(skip_all => $Why);
@@ -198,6 +212,20 @@ sub cluster {
     log_format exec 'EXEC \$request_method \$uri \$http_idempotency_key';
     idempotency_scope "test:";
     idempotency_redis 127.0.0.1:$Port{cluster} cluster tls $options
+                      connect_timeout=5s timeout=5s
+                      prefix=$ENV{TEST_NGINX_PREFIX};
+};
+}
+
+# "resolve", the address and "tls" in the order given (a list of words)
+sub resolved {
+    my ($words) = @_;
+    return qq{
+    resolver 127.0.0.1:} . $Dns->port . qq{ valid=1s ipv6=off;
+    log_format exec 'EXEC \$request_method \$uri \$http_idempotency_key';
+    idempotency_scope "test:";
+    idempotency_redis $words
+                      password=tls-secret tls_trusted_certificate=$Dir/ca.crt
                       connect_timeout=5s timeout=5s
                       prefix=$ENV{TEST_NGINX_PREFIX};
 };
@@ -610,23 +638,23 @@ EXEC POST /backend tls-cluster
 
 
 
-=== TEST 24: a missing CA file is named
+=== TEST 24: a missing CA file is named, with the directive and its place
 --- http_config eval
 "idempotency_redis 127.0.0.1:6379 tls tls_trusted_certificate=$::Dir/nothing.crt;"
 --- config
 --- must_die
 --- error_log eval
-qr/\Q$::Dir\E\/nothing\.crt/
+qr/"idempotency_redis" directive: cannot load "tls_trusted_certificate=\Q$::Dir\E\/nothing\.crt" in \S+nginx\.conf:\d+$/
 
 
 
-=== TEST 25: a missing client certificate is named
+=== TEST 25: a missing client certificate is named, with the directive and its place
 --- http_config eval
 "idempotency_redis 127.0.0.1:6379 tls tls_certificate=$::Dir/none.crt tls_certificate_key=$::Dir/client.key;"
 --- config
 --- must_die
 --- error_log eval
-qr/\Q$::Dir\E\/none\.crt/
+qr/"idempotency_redis" directive: cannot load "tls_certificate=\Q$::Dir\E\/none\.crt" with its "tls_certificate_key=" in \S+nginx\.conf:\d+$/
 
 
 
@@ -667,3 +695,54 @@ GET /ping
 --- error_code: 200
 --- no_error_log
 [alert]
+
+
+
+=== TEST 29: "resolve" before the address: nginx starts
+--- http_config eval: main::resolved("resolve redis.test:$::Port{pw} tls")
+--- config eval: $::Config
+--- request
+GET /ping
+--- error_code: 200
+
+
+
+=== TEST 30: ... the name sent and checked is the address's host (redis.test), not "resolve": a record is stored
+--- init
+main::warm('warm-resolve-1') or die "Redis is not reached over TLS by name\n";
+--- request
+POST /t
+--- more_headers
+Idempotency-Key: tls-resolve-1
+--- error_code: 201
+--- grep_error_log: EXEC POST /backend tls-resolve-1
+--- grep_error_log_out
+EXEC POST /backend tls-resolve-1
+--- no_error_log
+[error]
+hostname mismatch
+
+
+
+=== TEST 31: "tls" and "resolve" first, the address last: nginx starts
+--- http_config eval: main::resolved("tls resolve redis.test:$::Port{pw}")
+--- config eval: $::Config
+--- request
+GET /ping
+--- error_code: 200
+
+
+
+=== TEST 32: ... and its record is replayed over TLS by name
+--- init
+main::warm('warm-resolve-2') or die "Redis is not reached over TLS by name\n";
+--- request
+POST /t
+--- more_headers
+Idempotency-Key: tls-resolve-1
+--- error_code: 201
+--- response_headers
+Idempotent-Replayed: true
+--- no_error_log
+[error]
+hostname mismatch

@@ -79,8 +79,10 @@ like($out, qr/test is successful/,
 
 write_conf('noresolver.conf', '');
 $out = nginx_t('noresolver.conf');
-like($out, qr/"idempotency_redis" directive with "resolve" needs a "resolver"/,
-     'nginx -t fails without a resolver, naming idempotency_redis');
+my $place = qr/ in \Q$dir\E\/nginx\/conf\/noresolver\.conf:\d+$/m;
+like($out, qr/"idempotency_redis" directive with "resolve" needs a "resolver".*$place/,
+     'nginx -t fails without a resolver, naming idempotency_redis and its '
+     . 'place');
 unlike($out, qr/test is successful/, 'and the test is not successful');
 
 # nginx 1.30 also writes nginx -t's [emerg] to the error log: start afresh

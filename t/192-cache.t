@@ -517,14 +517,14 @@ at most 16 "idempotency_cache_zone" zones
 
 
 
-=== TEST 14: idempotency_cache of a zone never sized
+=== TEST 14: idempotency_cache of a zone never declared: the error names the directive and its place
 --- config
     location = /t {
         idempotency_cache nowhere;
     }
 --- must_die
---- error_log
-zero size shared memory zone "nowhere"
+--- error_log eval
+qr/"idempotency_cache" directive: zone "nowhere" is not declared by "idempotency_cache_zone" in the http block in \S+nginx\.conf:\d+$/
 
 
 
@@ -533,18 +533,34 @@ zero size shared memory zone "nowhere"
     idempotency_cache_zone small:16k;
 --- config
 --- must_die
---- error_log
-zone "small" is too small
+--- error_log eval
+qr/"idempotency_cache_zone" directive: zone "small" is too small: 16384 bytes, at least \d+ in \S+nginx\.conf:\d+$/
 
 
 
-=== TEST 16: max_size above half the zone
+=== TEST 16: max_size above half the zone: the message says what to write
 --- http_config
     idempotency_cache_zone z:64k max_size=64k;
 --- config
 --- must_die
---- error_log
-max_size of zone "z" must be at most half its size
+--- error_log eval
+qr/"idempotency_cache_zone" directive: max_size of zone "z" must be at most half its size: max_size=32768 or less for 65536 bytes in \S+nginx\.conf:\d+$/
+
+
+
+=== TEST 16a: without max_size a small zone is valid: the default is half the zone below 512k
+--- http_config
+    idempotency_cache_zone z:256k;
+    idempotency_cache_zone small:32k;
+--- config
+    location = /t {
+        idempotency_cache z;
+        return 200 "ok\n";
+    }
+--- request
+GET /t
+--- response_body
+ok
 
 
 

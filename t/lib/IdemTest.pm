@@ -10,12 +10,14 @@ use warnings;
 
 use Digest::SHA ();
 use Exporter 'import';
+use File::Temp ();
 use IO::Socket::INET ();
 use POSIX ();
 
 our @EXPORT = qw($Slow first_request free_port key_hash key_slot redis_cli
                  redis_ctl redis_older redis_pause_all redis_busy_after
-                 free_port_on start_redis_on exchange);
+                 free_port_on start_redis_on exchange nginx_t_http
+                 conf_line held_upstream);
 
 # under valgrind everything is many times slower: so is our choreography
 our $Slow = $ENV{TEST_NGINX_USE_VALGRIND} ? 6 : 1;
@@ -57,6 +59,88 @@ sub first_request {
 
     waitpid($pid, 0);
     select(undef, undef, undef, ($settle // 0.5) * $Slow);
+}
+
+# `nginx -t` of a configuration of the test's own, whose http block is
+# $http (the module loaded as the suites load it, nothing else around it):
+# returns what nginx -t printed and the file's path, for the
+# "in FILE:LINE" of its errors.
+sub nginx_t_http {
+    my ($http) = @_;
+
+    my $dir = File::Temp::tempdir(CLEANUP => 1);
+    mkdir "$dir/logs" or die "$dir/logs: $!\n";
+
+    my $conf = "$dir/nginx.conf";
+    open my $fh, '>', $conf or die "$conf: $!\n";
+    print $fh map({ "load_module $_;\n" }
+                  split ' ', $ENV{TEST_NGINX_LOAD_MODULES} // ''),
+              "error_log stderr;\nevents {}\n\nhttp {\n$http\n}\n";
+    close $fh;
+
+    my $nginx = $ENV{TEST_NGINX_BINARY} || 'nginx';
+    my $out = `'$nginx' -t -p '$dir/' -c '$conf' 2>&1`;
+
+    return ($out, $conf);
+}
+
+# The line of $file on which the text $text ends: where nginx says a
+# directive is (the line of its ";")
+sub conf_line {
+    my ($file, $text) = @_;
+
+    open my $fh, '<', $file or die "$file: $!\n";
+    local $/;
+    my $c = <$fh>;
+
+    my $at = index $c, $text;
+    return 0 if $at < 0;
+    return 1 + (substr($c, 0, $at + length $text) =~ tr/\n//);
+}
+
+# A one-shot upstream of the test's own on 127.0.0.1:$o{port}, listening
+# when this returns: it reads one request's head, adds a line to the file
+# $o{runs} if given, and answers 201 with $o{body} (a string, or a function
+# of the request's head; default "created\n") once the file $o{go} exists
+# (a file, not a pipe: the clients a test forks later would hold a pipe
+# open); it lives at most 60 s (scaled under valgrind).  Returns its pid.
+sub held_upstream {
+    my (%o) = @_;
+
+    my $srv = IO::Socket::INET->new(LocalAddr => '127.0.0.1',
+                                    LocalPort => $o{port}, Listen => 5,
+                                    ReuseAddr => 1)
+        or die "held upstream on port $o{port}: $!\n";
+
+    my $pid = fork();
+    die "fork: $!\n" unless defined $pid;
+
+    if ($pid) {
+        close $srv;
+        return $pid;
+    }
+
+    alarm(int(60 * $Slow));
+
+    my $c = $srv->accept or POSIX::_exit(1);
+    my $req = '';
+    while ($req !~ /\r\n\r\n/) {
+        sysread($c, $req, 4096, length $req) or last;
+    }
+
+    if ($o{runs} && open my $runs, '>>', $o{runs}) {
+        print $runs "run\n";
+        close $runs;
+    }
+
+    select(undef, undef, undef, 0.02) until -e $o{go};
+
+    my $body = ref $o{body} eq 'CODE' ? $o{body}->($req)
+                                      : $o{body} // "created\n";
+    print $c "HTTP/1.1 201 Created\r\nContent-Length: " . length($body)
+             . "\r\nConnection: close\r\n\r\n$body";
+    close $c;
+    POSIX::_exit(0);
 }
 
 # redis-cli against make test's Redis, output without the last newline

@@ -8,6 +8,8 @@ package TinyDNS;
 #
 #   my $dns = TinyDNS->new(dir => $dir, ttl => 1);
 #   $dns->set('redis.test' => '127.0.0.2');   # undef: the name is gone
+#   $dns->set('redis.test' => '127.0.0.3,127.0.0.2');   # two, in order
+#   $dns->asked('redis.test');                # queries answered so far
 #   "resolver 127.0.0.1:" . $dns->port . " valid=1s;"
 #   $dns->stop;
 
@@ -97,7 +99,14 @@ sub serve {
         next unless defined $peer && length($query) >= 12;
 
         my $answer = $self->answer($query);
-        $sock->send($answer, 0, $peer) if defined $answer;
+        next unless defined $answer;
+        $sock->send($answer, 0, $peer);
+
+        # for asked(): one line per answer, the name asked
+        if (open my $fh, '>>', "$self->{map}.asked") {
+            print $fh lc($self->{last} // ''), "\n";
+            close $fh;
+        }
     }
 }
 
@@ -123,6 +132,7 @@ sub answer {
     my ($type, $class) = unpack 'n n', substr($q, $pos, 4);
     my $question = substr($q, 12, $pos + 4 - 12);
     my $name = lc join '.', @labels;
+    $self->{last} = $name;
 
     my $ip = $self->read_map->{$name};
     my $rd = $flags & 0x0100;
@@ -130,14 +140,31 @@ sub answer {
     my @answers;
 
     if (defined $ip && $type == 1 && $class == 1) {
-        # a pointer to the question's name, A, IN, TTL, 4 bytes
+        # a pointer to the question's name, A, IN, TTL, 4 bytes; each
+        # address of a list, in its order
         push @answers, pack('n n n N n', 0xc00c, 1, 1, $self->{ttl}, 4)
-                       . pack('C4', split /\./, $ip);
+                       . pack('C4', split /\./, $_)
+            for split /,/, $ip;
     }
 
     return pack('n n n n n n', $id, 0x8000 | 0x0080 | $rd | $rcode, 1,
                 scalar @answers, 0, 0)
            . $question . join('', @answers);
+}
+
+# how many queries for $name the server answered so far
+sub asked {
+    my ($self, $name) = @_;
+    my $n = 0;
+
+    open my $fh, '<', "$self->{map}.asked" or return 0;
+    while (<$fh>) {
+        chomp;
+        $n++ if $_ eq lc $name;
+    }
+    close $fh;
+
+    return $n;
 }
 
 sub stop {
