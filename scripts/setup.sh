@@ -18,7 +18,7 @@ run="redis-server redis-tools curl"
 # client); t/152-stripe.t: python3-stripe (a real client with a timeout);
 # t/156-subrequest.t: the Lua module (an operation run in a subrequest);
 # t/194-cache-crash.t: gdb (a worker killed inside the cache's lock);
-# t/199-prometheus.t: prometheus (with promtool: the status output, the
+# t/201-prometheus.t: prometheus (with promtool: the status output, the
 # alert rules and the dashboard's queries checked by the real tools)
 test="perl libtest-base-perl libcmocka-dev python3 openssl fcgiwrap
       python3-h2 python3-stripe libnginx-mod-http-ndk libnginx-mod-http-lua

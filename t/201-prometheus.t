@@ -55,7 +55,7 @@ my $RuleTests = 'contrib/prometheus/nginx-idempotency-alerts.test.yml';
 my $Dashboard = 'contrib/grafana/nginx-idempotency-dashboard.json';
 
 my $base = -d 'build/test' ? 'build/test' : File::Spec->tmpdir;
-my $dir = File::Spec->rel2abs(File::Temp::tempdir('t199-XXXXXX',
+my $dir = File::Spec->rel2abs(File::Temp::tempdir('t201-XXXXXX',
                                                    DIR => $base));
 chmod 0755, $dir;
 
@@ -136,7 +136,7 @@ for my $title ('Outcomes by location', 'Replay ratio by location',
 write_nginx_conf();
 start_nginx();
 
-my $k = "t199-$$-" . time();
+my $k = "t201-$$-" . time();
 is(post('/pay', "$k-1", 'a'), 201, 'payments: MISS');
 is(post('/pay', "$k-1", 'a'), 201, 'payments: HIT');
 is(post('/pay', "$k-1", 'b'), 422, 'payments: MISMATCH');
@@ -374,9 +374,9 @@ events {
 }
 http {
     access_log off;
-    idempotency_scope "t199:";
-    idempotency_redis 127.0.0.1:$rport prefix=t199-$$:;
-    idempotency_cache_zone t199:1m;
+    idempotency_scope "t201:";
+    idempotency_redis 127.0.0.1:$rport prefix=t201-$$:;
+    idempotency_cache_zone t201:1m;
 
     server {
         listen 127.0.0.1:$port;
@@ -390,7 +390,7 @@ http {
         location = /pay {
             idempotency on;
             idempotency_metrics_label payments;
-            idempotency_cache t199;
+            idempotency_cache t201;
             proxy_pass http://127.0.0.1:$port/backend;
         }
 
