@@ -12,6 +12,7 @@
 #include "ngx_http_idempotency_record.h"
 #include "ngx_http_idempotency_scope.h"
 #include "ngx_http_idempotency_stats.h"
+#include "ngx_http_idempotency_wait.h"
 
 #include <stdlib.h>
 
@@ -1021,6 +1022,8 @@ ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx)
     }
 
     if (rc == NGX_OK) {
+        ngx_http_idempotency_wait_notify(ilcf, &ctx->rkey, script, args,
+                                         more, r->connection->log);
         return NGX_OK;
     }
 
@@ -1058,6 +1061,7 @@ ngx_http_idempotency_settle_handler(void *data, redisReply *reply,
     what = release ? "releasing the claim on" : "storing the response for";
 
     ngx_http_idempotency_hold_settled(info);
+    ngx_http_idempotency_wait_settled(&info->key);
 
     if (!release) {
         ngx_http_idempotency_cache_commit(&info->key, &info->arg,
@@ -1199,12 +1203,7 @@ ngx_http_idempotency_claim_end(void *data)
         ngx_http_idempotency_abandon(ctx);
     }
 
-    if (ctx->wait_timer.timer_set) {
-        ngx_del_timer(&ctx->wait_timer);
-        ngx_http_idempotency_waiters--;
-        ngx_http_idempotency_scope_wait_leave(
-            ctx->rkey.data + ctx->conf->redis->prefix.len);
-    }
+    ngx_http_idempotency_wait_end(ctx);
 
     ngx_http_idempotency_hold_leave(ctx);
 

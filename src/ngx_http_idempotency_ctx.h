@@ -47,6 +47,8 @@ struct ngx_http_idempotency_ctx_s {
     ngx_event_t                          wait_timer;
     ngx_msec_t                           wait_until;
     ngx_msec_t                           wait_step;
+    /* a duplicate that waits (wait.c); NULL: never waited */
+    struct ngx_http_idempotency_waiter_s *waiter;
 
     /* claim result */
     ngx_uint_t                           redis_rc;

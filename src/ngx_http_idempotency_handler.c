@@ -13,14 +13,11 @@
 #include "ngx_http_idempotency_record.h"
 #include "ngx_http_idempotency_scope.h"
 #include "ngx_http_idempotency_stats.h"
+#include "ngx_http_idempotency_wait.h"
 
 #include <stdlib.h>
 
 #include <openssl/rand.h>
-
-
-#define NGX_HTTP_IDEMPOTENCY_WAIT_STEP_MIN  20
-#define NGX_HTTP_IDEMPOTENCY_WAIT_STEP_MAX  500
 
 
 /*
@@ -42,7 +39,6 @@ static ngx_int_t ngx_http_idempotency_decide(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 static ngx_int_t ngx_http_idempotency_conflict(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
-static void ngx_http_idempotency_wait_handler(ngx_event_t *ev);
 static ngx_int_t ngx_http_idempotency_redis_failed(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 static ngx_int_t ngx_http_idempotency_replay(ngx_http_request_t *r,
@@ -409,6 +405,8 @@ ngx_http_idempotency_decide(ngx_http_request_t *r,
                    "idempotency claim of \"%V\": %d", &ctx->rkey,
                    ctx->reply_kind);
 
+    ngx_http_idempotency_wait_decided(ctx);
+
     switch (ctx->reply_kind) {
 
     case NGX_HTTP_IDEMPOTENCY_MISS:
@@ -446,96 +444,14 @@ static ngx_int_t
 ngx_http_idempotency_conflict(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx)
 {
-    ngx_msec_t   step;
-    ngx_event_t  *ev;
+    /* with idempotency_wait, wait for the first one's outcome (wait.c) */
 
-    if (ctx->conf->wait == 0) {
-        return ngx_http_idempotency_problem(r, ctx,
-                                            NGX_HTTP_IDEMPOTENCY_CONFLICT);
+    if (ngx_http_idempotency_wait_start(r, ctx) == NGX_AGAIN) {
+        return NGX_AGAIN;
     }
 
-    if (ctx->wait_until == 0) {
-        ctx->wait_until = ngx_current_msec + ctx->conf->wait;
-        ctx->wait_step = NGX_HTTP_IDEMPOTENCY_WAIT_STEP_MIN;
-    }
-
-    if ((ngx_msec_int_t) (ctx->wait_until - ngx_current_msec) <= 0) {
-        return ngx_http_idempotency_problem(r, ctx,
-                                            NGX_HTTP_IDEMPOTENCY_CONFLICT);
-    }
-
-    /* each waiter polls at most twice a second; their number is bounded */
-
-    if (ngx_http_idempotency_waiters >= NGX_HTTP_IDEMPOTENCY_MAX_WAITERS) {
-        ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
-                      "idempotency: %d duplicates wait already, "
-                      "answering 409 at once",
-                      NGX_HTTP_IDEMPOTENCY_MAX_WAITERS);
-        return ngx_http_idempotency_problem(r, ctx,
-                                            NGX_HTTP_IDEMPOTENCY_CONFLICT);
-    }
-
-    /* nor can one scope take the worker's slots from the others */
-
-    if (ngx_http_idempotency_scope_wait_enter(
-            ctx->rkey.data + ctx->conf->redis->prefix.len)
-        != NGX_OK)
-    {
-        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
-                      "idempotency: %d duplicates of this scope wait "
-                      "already, answering 409 at once, key_hash=%s",
-                      NGX_HTTP_IDEMPOTENCY_MAX_SCOPE_WAITERS,
-                      ngx_http_idempotency_key_hash(&ctx->rkey));
-        return ngx_http_idempotency_problem(r, ctx,
-                                            NGX_HTTP_IDEMPOTENCY_CONFLICT);
-    }
-
-    /* poll the record with a growing step until it completes */
-
-    step = ngx_min(ctx->wait_step, ctx->wait_until - ngx_current_msec);
-    ctx->wait_step = ngx_min(ctx->wait_step * 2,
-                             NGX_HTTP_IDEMPOTENCY_WAIT_STEP_MAX);
-
-    ev = &ctx->wait_timer;
-    ev->handler = ngx_http_idempotency_wait_handler;
-    ev->data = r;
-    ev->log = r->connection->log;
-
-    ngx_add_timer(ev, step);
-    ngx_http_idempotency_waiters++;
-
-    ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_WAITING;
-
-    ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
-                   "idempotency waits %M ms for the first request", step);
-
-    return NGX_AGAIN;
-}
-
-
-static void
-ngx_http_idempotency_wait_handler(ngx_event_t *ev)
-{
-    ngx_http_request_t          *r;
-    ngx_http_idempotency_ctx_t  *ctx;
-
-    r = ev->data;
-
-    ngx_http_idempotency_waiters--;
-
-    ctx = ngx_http_idempotency_get_ctx(r);
-    if (ctx == NULL) {
-        return;
-    }
-
-    ngx_http_idempotency_scope_wait_leave(
-        ctx->rkey.data + ctx->conf->redis->prefix.len);
-
-    if (ctx->state != NGX_HTTP_IDEMPOTENCY_STATE_WAITING) {
-        return;
-    }
-
-    ngx_http_idempotency_claim_send(r, ctx);
+    return ngx_http_idempotency_problem(r, ctx,
+                                        NGX_HTTP_IDEMPOTENCY_CONFLICT);
 }
 
 

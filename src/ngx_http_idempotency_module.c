@@ -10,6 +10,7 @@
 #include "ngx_http_idempotency_cache.h"
 #include "ngx_http_idempotency_stats.h"
 #include "ngx_http_idempotency_scope.h"
+#include "ngx_http_idempotency_wait.h"
 
 
 static ngx_int_t ngx_http_idempotency_init(ngx_conf_t *cf);
@@ -143,8 +144,8 @@ static ngx_command_t  ngx_http_idempotency_commands[] = {
       NULL },
 
     { ngx_string("idempotency_wait"),
-      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
-      ngx_http_idempotency_time,
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE12,
+      ngx_http_idempotency_wait_conf,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_idempotency_loc_conf_t, wait),
       NULL },
@@ -417,6 +418,7 @@ ngx_http_idempotency_create_loc_conf(ngx_conf_t *cf)
     ilcf->required = NGX_CONF_UNSET;
     ilcf->scope = NGX_CONF_UNSET_PTR;
     ilcf->wait = NGX_CONF_UNSET_MSEC;
+    ilcf->wait_poll = NGX_CONF_UNSET_MSEC;
     ilcf->max_response_size = NGX_CONF_UNSET_SIZE;
     ilcf->on_store_error = NGX_CONF_UNSET_UINT;
     ilcf->on_upstream_error = NGX_CONF_UNSET_UINT;
@@ -458,6 +460,8 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     ngx_conf_merge_ptr_value(conf->scope_secret, prev->scope_secret, NULL);
     ngx_conf_merge_ptr_value(conf->cache, prev->cache, NULL);
     ngx_conf_merge_msec_value(conf->wait, prev->wait, 0);
+    ngx_conf_merge_msec_value(conf->wait_poll, prev->wait_poll,
+                              NGX_HTTP_IDEMPOTENCY_WAIT_POLL);
     ngx_conf_merge_size_value(conf->max_response_size,
                               prev->max_response_size, 1024 * 1024);
     ngx_conf_merge_uint_value(conf->on_store_error, prev->on_store_error,
@@ -593,6 +597,14 @@ ngx_http_idempotency_init_process(ngx_cycle_t *cycle)
         return NGX_ERROR;
     }
 
+    if (ngx_http_idempotency_wait_init_process(cycle,
+                                        (imcf && imcf->used) ? &imcf->redis
+                                                             : NULL)
+        != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
     return ngx_http_idempotency_cache_init_process(cycle,
                                         (imcf && imcf->used) ? &imcf->redis
                                                              : NULL);
@@ -608,6 +620,7 @@ ngx_http_idempotency_exit_process(ngx_cycle_t *cycle)
                                                ngx_http_idempotency_module);
 
     ngx_http_idempotency_cache_exit_process(cycle);
+    ngx_http_idempotency_wait_exit_process(cycle);
     ngx_http_idempotency_redis_exit_process(cycle,
                                             imcf ? &imcf->redis : NULL);
     ngx_http_idempotency_handler_exit_process(cycle);
@@ -724,7 +737,6 @@ ngx_http_idempotency_time(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     ngx_str_t   *value;
     ngx_msec_t  *msp, ms;
-    ngx_uint_t   zero;
 
     msp = (ngx_msec_t *) (p + cmd->offset);
 
@@ -736,15 +748,13 @@ ngx_http_idempotency_time(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     ms = ngx_parse_time(&value[1], 0);
 
-    /* only "idempotency_wait" may be 0 */
+    /* "idempotency_wait", which may be 0, has its own: wait.c */
 
-    zero = (cmd->offset == offsetof(ngx_http_idempotency_loc_conf_t, wait));
-
-    if (ms == (ngx_msec_t) NGX_ERROR || (ms == 0 && !zero)) {
+    if (ms == (ngx_msec_t) NGX_ERROR || ms == 0) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "invalid time \"%V\" in \"%V\" directive, "
-                           "%s time is expected", &value[1], &cmd->name,
-                           zero ? "0 or a positive" : "a positive");
+                           "a positive time is expected", &value[1],
+                           &cmd->name);
         return NGX_CONF_ERROR;
     }
 

@@ -91,6 +91,7 @@ typedef struct {
     ngx_str_t                            header_lc;
     ngx_uint_t                           header_hash;
     ngx_msec_t                           wait;
+    ngx_msec_t                           wait_poll;  /* fallback poll */
     size_t                               max_response_size;
     ngx_uint_t                           on_store_error;
     uint8_t                             *store_status;  /* bitmap */

@@ -127,7 +127,12 @@ static ngx_http_idempotency_redis_cmd_t
 
     /* a record and its remaining TTL, for the replay cache */
     { "cache fetch", ngx_http_idempotency_lua_cache,
-      sizeof(ngx_http_idempotency_lua_cache) - 1, "", NULL, NULL }
+      sizeof(ngx_http_idempotency_lua_cache) - 1, "", NULL, NULL },
+
+    /* a waiting duplicate's mark, and the settle step's notification */
+    { "wait mark", NULL, 0, "", "SET", NULL },
+    { "wait wake", ngx_http_idempotency_lua_wake,
+      sizeof(ngx_http_idempotency_lua_wake) - 1, "", NULL, NULL }
 };
 
 
@@ -866,6 +871,24 @@ ngx_int_t
 ngx_http_idempotency_redis_body_key(ngx_http_idempotency_redis_conf_t *rcf,
     ngx_str_t *key, const u_char *owner, size_t owner_len, ngx_str_t *out)
 {
+    if (ngx_http_idempotency_redis_slot_key(rcf, key, (u_char *) "body:",
+                                            sizeof("body:") - 1, out)
+        != NGX_OK)
+    {
+        return NGX_DECLINED;
+    }
+
+    out->len = ngx_cpymem(out->data + out->len, owner, owner_len)
+               - out->data;
+
+    return NGX_OK;
+}
+
+
+ngx_int_t
+ngx_http_idempotency_redis_slot_key(ngx_http_idempotency_redis_conf_t *rcf,
+    ngx_str_t *key, const u_char *name, size_t name_len, ngx_str_t *out)
+{
     u_char  *p, *open, *close;
     u_char   tag[NGX_HTTP_IDEMPOTENCY_SLOT_TAG_LEN];
 
@@ -909,8 +932,8 @@ ngx_http_idempotency_redis_body_key(ngx_http_idempotency_redis_conf_t *rcf,
         *p++ = '}';
     }
 
-    p = ngx_cpymem(p, ":body:", sizeof(":body:") - 1);
-    p = ngx_cpymem(p, owner, owner_len);
+    *p++ = ':';
+    p = ngx_cpymem(p, name, name_len);
 
     out->len = p - out->data;
 

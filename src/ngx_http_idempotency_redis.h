@@ -26,6 +26,8 @@ typedef enum {
     NGX_HTTP_IDEMPOTENCY_SCRIPT_BODY_SET,   /* SET <chunk key> <chunk> PX */
     NGX_HTTP_IDEMPOTENCY_SCRIPT_BODY_GET,   /* GET <chunk key> */
     NGX_HTTP_IDEMPOTENCY_SCRIPT_CACHE_FETCH, /* record and PTTL (cache) */
+    NGX_HTTP_IDEMPOTENCY_SCRIPT_WAIT_MARK,  /* SET <wait mark> <hash> PX */
+    NGX_HTTP_IDEMPOTENCY_SCRIPT_WAIT_WAKE,  /* the mark's waiters: PUBLISH */
     NGX_HTTP_IDEMPOTENCY_SCRIPT_N
 } ngx_http_idempotency_script_e;
 
@@ -187,6 +189,14 @@ ngx_http_idempotency_redis_op_t *ngx_http_idempotency_redis_purge(
 ngx_int_t ngx_http_idempotency_redis_body_key(
     ngx_http_idempotency_redis_conf_t *rcf, ngx_str_t *key,
     const u_char *owner, size_t owner_len, ngx_str_t *out);
+
+/*
+ * The same for any other key of the record's slot: "<...>:<name>" where
+ * the body key has "<...>:body:<owner>" (the wait mark, wait.c).
+ */
+ngx_int_t ngx_http_idempotency_redis_slot_key(
+    ngx_http_idempotency_redis_conf_t *rcf, ngx_str_t *key,
+    const u_char *name, size_t name_len, ngx_str_t *out);
 
 
 #endif /* _NGX_HTTP_IDEMPOTENCY_REDIS_H_INCLUDED_ */

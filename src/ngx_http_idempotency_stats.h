@@ -64,6 +64,9 @@ typedef enum {
     NGX_HTTP_IDEMPOTENCY_STAT_CACHE_EVICTED,
     NGX_HTTP_IDEMPOTENCY_STAT_CACHE_ENTRIES,   /* gauges, read from zones */
     NGX_HTTP_IDEMPOTENCY_STAT_CACHE_BYTES,
+    /* waiting duplicates (idempotency_wait) that found the outcome */
+    NGX_HTTP_IDEMPOTENCY_STAT_WAIT_NOTIFIED,   /* woken by a notification */
+    NGX_HTTP_IDEMPOTENCY_STAT_WAIT_POLLED,     /* by their fallback poll */
 
     NGX_HTTP_IDEMPOTENCY_STAT_N
 } ngx_http_idempotency_stat_e;

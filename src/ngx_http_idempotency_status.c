@@ -152,7 +152,14 @@ static ngx_http_idempotency_metric_t  ngx_http_idempotency_metrics[] = {
     ngx_http_idempotency_metric("cache_entries", "", "cache", "entries",
         "Entries in this node's idempotency_cache zones now."),
     ngx_http_idempotency_metric("cache_bytes", "", "cache", "bytes",
-        "Bytes of the entries in this node's idempotency_cache zones now.")
+        "Bytes of the entries in this node's idempotency_cache zones now."),
+
+    ngx_http_idempotency_metric("waits_woken_total", "by=\"notification\"",
+        "waits", "notified",
+        "Waiting duplicates (idempotency_wait) that found the first "
+        "request's outcome, by what woke them."),
+    ngx_http_idempotency_metric("waits_woken_total", "by=\"poll\"",
+        "waits", "polled", "")
 };
 
 

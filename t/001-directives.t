@@ -64,7 +64,7 @@ __DATA__
         idempotency_required on;
         idempotency_scope "$http_x_tenant:$remote_user";
         idempotency_header X-Request-Key;
-        idempotency_wait 2s;
+        idempotency_wait 2s poll=500ms;
         idempotency_max_response_size 1;
         idempotency_on_store_error open;
         idempotency_store_status 200 201 4xx !404;
@@ -125,6 +125,26 @@ invalid time "soon" in "idempotency_wait" directive
 --- error_log
 [emerg]
 invalid time "-1" in "idempotency_wait" directive, 0 or a positive time is expected
+
+
+
+=== TEST 4c: the wait's fallback poll must be a positive time
+--- config
+    idempotency_wait 5s poll=0;
+--- must_die
+--- error_log
+[emerg]
+invalid time "0" in "idempotency_wait" directive, a positive time is expected
+
+
+
+=== TEST 4d: the wait takes no other parameter than poll=
+--- config
+    idempotency_wait 5s every=1s;
+--- must_die
+--- error_log
+[emerg]
+invalid parameter "every=1s"
 
 
 
