@@ -22,6 +22,8 @@ RUN /usr/local/lib/idempotency/setup.sh image && rm -rf /var/lib/apt/lists/*
 COPY --from=build /src/build/ngx_http_idempotency_module.so /usr/lib/nginx/modules/
 COPY scripts/render-conf.sh scripts/docker-entrypoint.sh /usr/local/lib/idempotency/
 COPY examples/nginx.conf /etc/nginx/idempotency.conf.template
+# Prometheus alert rules and a Grafana dashboard (docs/observability.md)
+COPY contrib /usr/share/doc/nginx-idempotency/contrib
 
 # Read by the entrypoint when it renders /etc/nginx/idempotency.conf.
 ENV REDIS_ADDRESS=127.0.0.1:6379 PORT=8080 UPSTREAM_PORT=8081

@@ -2,7 +2,8 @@
 # `make deb`, installed with apt-get, its .so and modules-enabled link are
 # where Debian's nginx looks, `nginx -t` accepts a configuration that uses
 # the module through that link, its documentation (README, the directive
-# reference, README.Debian, an example site) is installed, and a purge
+# reference, README.Debian, an example site, the alert rules and dashboard
+# of contrib/) is installed, and a purge
 # leaves /etc/nginx, the modules
 # directory and modules-available as they were. Installs packages: runs as
 # root only (make test-deb), and never starts or reloads the system nginx.
@@ -146,6 +147,16 @@ my $notes = $debian && $debian =~ /\.gz$/ ? `zcat '$debian'`
 like($notes, qr/unknown directive/, '  it says to remove the directives '
      . 'before purging');
 like($notes, qr/nginx-abi/, '  and to rebuild for a new nginx ABI');
+# what operators load into Prometheus and Grafana, uncompressed, where
+# docs/observability.md says
+for my $f ('contrib/prometheus/nginx-idempotency-alerts.yml',
+           'contrib/prometheus/nginx-idempotency-alerts.test.yml',
+           'contrib/grafana/nginx-idempotency-dashboard.json')
+{
+    ok(-f "$doc/$f", "$doc/$f is installed");
+}
+like(do { local (@ARGV, $/) = "$doc/docs/observability.md"; <> // '' },
+     qr{\Q$doc/contrib/\E}, '  where docs/observability.md says');
 my $site = "$doc/examples/debian-site.conf";
 ok(-f $site, "$site is installed");
 open $c, '>', "$tmp/site.conf" or die $!;

@@ -17,10 +17,12 @@ run="redis-server redis-tools curl"
 # t/150-roads.t: fcgiwrap (the fastcgi_pass road), python3-h2 (its HTTP/2
 # client); t/152-stripe.t: python3-stripe (a real client with a timeout);
 # t/156-subrequest.t: the Lua module (an operation run in a subrequest);
-# t/194-cache-crash.t: gdb (a worker killed inside the cache's lock)
+# t/194-cache-crash.t: gdb (a worker killed inside the cache's lock);
+# t/201-prometheus.t: prometheus (with promtool: the status output, the
+# alert rules and the dashboard's queries checked by the real tools)
 test="perl libtest-base-perl libcmocka-dev python3 openssl fcgiwrap
       python3-h2 python3-stripe libnginx-mod-http-ndk libnginx-mod-http-lua
-      gdb"
+      gdb prometheus"
 # what the real Test::Nginx needs besides Test::Base (make test
 # TEST_NGINX_LIB=...: the suite under openresty's runner)
 test="$test libtext-diff-perl libtest-longstring-perl liblist-moreutils-perl
@@ -90,7 +92,8 @@ echo "setup: installing$missing"
 export DEBIAN_FRONTEND=noninteractive
 
 # Package scripts start nginx (port 80), redis-server (port 6379),
-# memcached (port 11211) and fcgiwrap unless policy-rc.d says no. Docker
+# memcached (port 11211), fcgiwrap and prometheus (port 9090) unless
+# policy-rc.d says no. Docker
 # images ship one; add ours when there is none.
 policy=/usr/sbin/policy-rc.d
 if [ ! -e $policy ]; then
@@ -101,19 +104,19 @@ if [ ! -e $policy ]; then
     trap 'exit 130' INT
     trap 'exit 143' TERM
 fi
-before=" $(pids_named nginx redis-server memcached fcgiwrap | tr '\n' ' ') "
+before=" $(pids_named nginx redis-server memcached fcgiwrap prometheus | tr '\n' ' ') "
 
 apt-get update
 apt-get install -y --no-install-recommends $missing
 
 # Whatever a package script still managed to start goes away again.
 new=
-for pid in $(pids_named nginx redis-server memcached fcgiwrap); do
+for pid in $(pids_named nginx redis-server memcached fcgiwrap prometheus); do
     case $before in *" $pid "*) ;; *) new="$new $pid" ;; esac
 done
 if [ -n "$new" ] && [ -d /run/systemd/system ]; then
     systemctl stop nginx.service redis-server.service memcached.service \
-        fcgiwrap.service fcgiwrap.socket \
+        fcgiwrap.service fcgiwrap.socket prometheus.service \
         || true
 fi
 for pid in $new; do

@@ -323,8 +323,13 @@ ngx_http_idempotency_claim_cached(ngx_http_request_t *r,
                                        &ctx->rkey, r->pool, &v)
         != NGX_OK)
     {
+        ngx_http_idempotency_stat_label_inc(ctx->conf->metrics,
+                                       NGX_HTTP_IDEMPOTENCY_STAT_CACHE_MISS);
         return NGX_DECLINED;
     }
+
+    ngx_http_idempotency_stat_label_inc(ctx->conf->metrics,
+                                        NGX_HTTP_IDEMPOTENCY_STAT_CACHE_HIT);
 
     /* checked when it went in: read back, or written by this node */
 
@@ -532,7 +537,8 @@ ngx_http_idempotency_content_handler(ngx_http_request_t *r)
                       "the request ran, the claim is released",
                       ngx_http_idempotency_key_hash(&ctx->rkey));
         ctx->release = 1;
-        ngx_http_idempotency_stat_inc(NGX_HTTP_IDEMPOTENCY_STAT_NOT_RUN);
+        ngx_http_idempotency_stat_count(ctx->conf->metrics,
+                                        NGX_HTTP_IDEMPOTENCY_STAT_NOT_RUN);
         return NGX_HTTP_CLIENT_CLOSED_REQUEST;
     }
 
@@ -596,7 +602,7 @@ ngx_http_idempotency_claim_judge(ngx_http_request_t *r,
     ngx_uint_t  redirected;
 
     if (ngx_http_idempotency_upstream_failed(r, ctx)) {
-        ngx_http_idempotency_stat_inc(
+        ngx_http_idempotency_stat_count(ctx->conf->metrics,
                               NGX_HTTP_IDEMPOTENCY_STAT_UPSTREAM_ERROR);
 
         if (ctx->conf->on_upstream_error
@@ -645,7 +651,7 @@ ngx_http_idempotency_claim_judge(ngx_http_request_t *r,
                        ctx->status, redirected ? " (error_page)" : "");
 
         ctx->release = 1;
-        ngx_http_idempotency_stat_inc(redirected
+        ngx_http_idempotency_stat_count(ctx->conf->metrics, redirected
                                       ? NGX_HTTP_IDEMPOTENCY_STAT_ERROR_PAGE
                                       : NGX_HTTP_IDEMPOTENCY_STAT_NOT_STORABLE);
     }
@@ -893,7 +899,8 @@ ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx)
             ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
                            "idempotency: nothing ran for \"%V\", released",
                            &ctx->rkey);
-            ngx_http_idempotency_stat_inc(NGX_HTTP_IDEMPOTENCY_STAT_NOT_RUN);
+            ngx_http_idempotency_stat_count(ilcf->metrics,
+                                        NGX_HTTP_IDEMPOTENCY_STAT_NOT_RUN);
             ctx->release = 1;
 
         } else {
@@ -902,7 +909,7 @@ ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx)
                           "complete, the outcome is unknown and held for "
                           "idempotency_ttl",
                           ngx_http_idempotency_key_hash(&ctx->rkey));
-            ngx_http_idempotency_stat_inc(
+            ngx_http_idempotency_stat_count(ilcf->metrics,
                                    NGX_HTTP_IDEMPOTENCY_STAT_INCOMPLETE);
             ctx->hold = 1;
         }
@@ -939,7 +946,7 @@ ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx)
     } else {
         script = NGX_HTTP_IDEMPOTENCY_SCRIPT_STORE;
         nargs = 3;
-        ngx_http_idempotency_stat_inc(ctx->oversize
+        ngx_http_idempotency_stat_count(ilcf->metrics, ctx->oversize
                                       ? NGX_HTTP_IDEMPOTENCY_STAT_TOO_LARGE
                                       : NGX_HTTP_IDEMPOTENCY_STAT_STORED);
 

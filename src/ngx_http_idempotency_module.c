@@ -213,6 +213,13 @@ static ngx_command_t  ngx_http_idempotency_commands[] = {
       0,
       NULL },
 
+    { ngx_string("idempotency_metrics_label"),
+      NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_idempotency_stats_label_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_idempotency_loc_conf_t, metrics),
+      NULL },
+
     { ngx_string("idempotency_admin"),
       NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
       ngx_http_idempotency_admin,
@@ -420,6 +427,7 @@ ngx_http_idempotency_create_loc_conf(ngx_conf_t *cf)
     ilcf->pass_headers = NGX_CONF_UNSET_PTR;
     ilcf->scope_secret = NGX_CONF_UNSET_PTR;
     ilcf->cache = NGX_CONF_UNSET_PTR;
+    ilcf->metrics = NGX_CONF_UNSET_PTR;
 
     return ilcf;
 }
@@ -544,6 +552,13 @@ ngx_http_idempotency_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
 
         /* the endpoint itself is never protected by the module */
         conf->enable = 0;
+    }
+
+    if (ngx_http_idempotency_stats_label_merge(cf, &conf->metrics,
+                                               prev->metrics, conf->enable)
+        != NGX_OK)
+    {
+        return NGX_CONF_ERROR;
     }
 
     if (conf->enable && conf->redis == NULL) {

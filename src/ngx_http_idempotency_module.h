@@ -13,6 +13,7 @@
 #include <ngx_http.h>
 
 #include "ngx_http_idempotency_redis.h"
+#include "ngx_http_idempotency_stats.h"
 
 
 #define NGX_HTTP_IDEMPOTENCY_STORE_ERROR_CLOSED  0
@@ -103,6 +104,7 @@ typedef struct {
     ngx_flag_t                           admin;   /* idempotency_admin here */
     ngx_uint_t                           on_upstream_error;
     ngx_shm_zone_t                      *cache;   /* idempotency_cache */
+    ngx_http_idempotency_label_t        *metrics; /* NULL: not counted */
 
     /* where "idempotency on" or idempotency_admin is, for nginx -t */
     u_char                              *file;

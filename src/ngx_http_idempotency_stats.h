@@ -90,8 +90,57 @@ typedef enum {
 #define NGX_HTTP_IDEMPOTENCY_KEY_HASH_LEN  16
 
 
-/* the counters in shared memory, read by the status handler */
+/*
+ * idempotency_metrics_label: names per configuration (nginx -t refuses
+ * more), and slots in the zone, twice as many, so that a reload's new
+ * names find room while the old workers still count under the old ones
+ */
+#define NGX_HTTP_IDEMPOTENCY_LABELS_MAX     64
+#define NGX_HTTP_IDEMPOTENCY_LABEL_SLOTS  (2 * NGX_HTTP_IDEMPOTENCY_LABELS_MAX)
+#define NGX_HTTP_IDEMPOTENCY_LABEL_LEN      64
+#define NGX_HTTP_IDEMPOTENCY_LABEL_DEFAULT  "default"
+
+/*
+ * What a label counts: the cache lookups, the request outcomes and the
+ * responses' results (ngx_http_idempotency_label_index() maps them); a
+ * slot is 24 counters, three cache lines, the cache hit and the HIT
+ * outcome on its first
+ */
+#define NGX_HTTP_IDEMPOTENCY_LABEL_STATS                                      \
+    (2 + NGX_HTTP_IDEMPOTENCY_STAT_UPSTREAM_ERROR + 1)
+#define NGX_HTTP_IDEMPOTENCY_LABEL_STRIDE   24
+
+
+/* one label's counters in the zone */
 typedef struct {
+    ngx_atomic_t               counter[NGX_HTTP_IDEMPOTENCY_LABEL_STRIDE];
+} ngx_http_idempotency_label_stats_t;
+
+
+/* the name a slot belongs to: only the master reads it, at (re)load */
+typedef struct {
+    size_t                     len;
+    u_char                     data[NGX_HTTP_IDEMPOTENCY_LABEL_LEN];
+} ngx_http_idempotency_label_name_t;
+
+
+/* one name of this configuration, and its slot in the zone */
+typedef struct {
+    ngx_str_t                  name;
+    ngx_uint_t                 slot;
+} ngx_http_idempotency_label_t;
+
+
+/*
+ * The counters in shared memory, read by the status handler.  The labels'
+ * slots first: the struct takes whole pages of the slab pool, so each slot
+ * starts on a cache line.
+ */
+typedef struct {
+    ngx_http_idempotency_label_stats_t  label[
+                                        NGX_HTTP_IDEMPOTENCY_LABEL_SLOTS];
+    ngx_http_idempotency_label_name_t   label_name[
+                                        NGX_HTTP_IDEMPOTENCY_LABEL_SLOTS];
     size_t                     size;    /* of this struct, for reuse */
     ngx_atomic_t               counter[NGX_HTTP_IDEMPOTENCY_STAT_N];
     ngx_atomic_t               latency[NGX_HTTP_IDEMPOTENCY_LATENCY_N + 1];
@@ -108,7 +157,47 @@ void ngx_http_idempotency_stats_init_process(ngx_cycle_t *cycle);
 ngx_http_idempotency_stats_t *ngx_http_idempotency_stats_get(void);
 extern const ngx_uint_t  ngx_http_idempotency_latency_bounds[];
 
+/* this worker's configuration's labels, in the order they were named */
+ngx_http_idempotency_label_t **ngx_http_idempotency_stats_labels(
+    ngx_uint_t *n);
+
+/*
+ * idempotency_metrics_label NAME: a slot setter (the label at
+ * cmd->offset of the conf); and the label a location counts under when it
+ * names none, for the merge
+ */
+char *ngx_http_idempotency_stats_label_slot(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
+ngx_int_t ngx_http_idempotency_stats_label_merge(ngx_conf_t *cf,
+    ngx_http_idempotency_label_t **label, ngx_http_idempotency_label_t *prev,
+    ngx_flag_t enable);
+
+/* a stat_e's counter in a label's slot, or -1: not counted per label */
+static ngx_inline ngx_int_t
+ngx_http_idempotency_label_index(ngx_uint_t which)
+{
+    if (which <= NGX_HTTP_IDEMPOTENCY_STAT_UPSTREAM_ERROR) {
+        return which + 2;
+    }
+
+    if (which == NGX_HTTP_IDEMPOTENCY_STAT_CACHE_HIT
+        || which == NGX_HTTP_IDEMPOTENCY_STAT_CACHE_MISS)
+    {
+        return which - NGX_HTTP_IDEMPOTENCY_STAT_CACHE_HIT;
+    }
+
+    return -1;
+}
+
 void ngx_http_idempotency_stat_inc(ngx_http_idempotency_stat_e which);
+
+/* counts "which" node-wide and under the label (NULL: node-wide only) */
+void ngx_http_idempotency_stat_count(ngx_http_idempotency_label_t *label,
+    ngx_http_idempotency_stat_e which);
+
+/* under the label only: what another layer counts node-wide */
+void ngx_http_idempotency_stat_label_inc(ngx_http_idempotency_label_t *label,
+    ngx_http_idempotency_stat_e which);
 
 /* counts a command sent to Redis; returns its start for stat_reply() */
 uint64_t ngx_http_idempotency_stat_command(void);

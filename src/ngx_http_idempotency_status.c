@@ -55,6 +55,10 @@ static u_char *ngx_http_idempotency_decimal(u_char *p, ngx_uint_t value,
     ngx_uint_t scale);
 static ngx_atomic_uint_t ngx_http_idempotency_status_value(
     ngx_http_idempotency_stats_t *stats, ngx_uint_t i);
+static u_char *ngx_http_idempotency_status_locations_json(u_char *p,
+    ngx_http_idempotency_stats_t *stats);
+static u_char *ngx_http_idempotency_status_locations_prometheus(u_char *p,
+    ngx_http_idempotency_stats_t *stats);
 
 
 #define ngx_http_idempotency_metric(family, label, group, field, help)        \
@@ -177,6 +181,47 @@ static ngx_http_idempotency_metric_t  ngx_http_idempotency_metrics[] = {
 };
 
 
+/*
+ * The counters kept per idempotency_metrics_label, as families of their
+ * own with the label "location" (a sum over a family is then never the
+ * node's total twice): the counters first .. last of the table above.
+ */
+typedef struct {
+    char                      *family;
+    char                      *type;
+    char                      *help;
+    ngx_uint_t                 first;
+    ngx_uint_t                 last;
+} ngx_http_idempotency_location_family_t;
+
+
+static ngx_http_idempotency_location_family_t
+    ngx_http_idempotency_location_families[] = {
+
+    { "location_requests_total", "counter",
+      "Requests by location (idempotency_metrics_label) and "
+      "$idempotency_status.",
+      NGX_HTTP_IDEMPOTENCY_STAT_BYPASS, NGX_HTTP_IDEMPOTENCY_STAT_UNKNOWN },
+
+    { "location_responses_total", "counter",
+      "Responses of claimed (MISS) requests by location and result.",
+      NGX_HTTP_IDEMPOTENCY_STAT_STORED,
+      NGX_HTTP_IDEMPOTENCY_STAT_UPSTREAM_ERROR },
+
+    { "location_cache_hits_total", "counter",
+      "Replays served from this node's idempotency_cache zones, by "
+      "location.",
+      NGX_HTTP_IDEMPOTENCY_STAT_CACHE_HIT,
+      NGX_HTTP_IDEMPOTENCY_STAT_CACHE_HIT },
+
+    { "location_cache_misses_total", "counter",
+      "Lookups in idempotency_cache zones that went on to Redis, by "
+      "location.",
+      NGX_HTTP_IDEMPOTENCY_STAT_CACHE_MISS,
+      NGX_HTTP_IDEMPOTENCY_STAT_CACHE_MISS }
+};
+
+
 /* values now rather than counts: read from the cache zones */
 #define ngx_http_idempotency_metric_gauge(i)                                 \
     ((i) == NGX_HTTP_IDEMPOTENCY_STAT_CACHE_ENTRIES                           \
@@ -213,7 +258,7 @@ ngx_http_idempotency_status_handler(ngx_http_request_t *r)
     ngx_buf_t                          *b;
     ngx_uint_t                          i;
     ngx_table_elt_t                    *h;
-    ngx_uint_t                          nconns;
+    ngx_uint_t                          nconns, nlabels;
     ngx_array_t                        *redis;
     ngx_http_idempotency_stats_t       *stats;
     ngx_http_idempotency_format_e       format;
@@ -266,6 +311,13 @@ ngx_http_idempotency_status_handler(ngx_http_request_t *r)
                 + 128 + NGX_ATOMIC_T_LEN;
     }
 
+    /* the labels' counters: a line per counter and label in either format */
+
+    (void) ngx_http_idempotency_stats_labels(&nlabels);
+
+    size += (nlabels + 1) * NGX_HTTP_IDEMPOTENCY_LABEL_STATS
+            * (128 + NGX_HTTP_IDEMPOTENCY_LABEL_LEN + NGX_ATOMIC_T_LEN);
+
     /* this worker's own Redis connections */
 
     conns = NULL;
@@ -299,6 +351,8 @@ ngx_http_idempotency_status_handler(ngx_http_request_t *r)
     if (format == NGX_HTTP_IDEMPOTENCY_FORMAT_PROMETHEUS) {
         ngx_str_set(&type, "text/plain; version=0.0.4");
         b->last = ngx_http_idempotency_status_prometheus(b->last, stats);
+        b->last = ngx_http_idempotency_status_locations_prometheus(b->last,
+                                                                   stats);
         b->last = ngx_http_idempotency_status_conns_prometheus(b->last, conns,
                                                                nconns);
 
@@ -532,6 +586,8 @@ ngx_http_idempotency_status_json(u_char *p,
                                    ",\n  \"redis_wait_ms\": ",
                                    stats->wait, stats->wait_sum);
 
+    p = ngx_http_idempotency_status_locations_json(p, stats);
+
     return ngx_sprintf(p, "\n}\n");
 }
 
@@ -564,6 +620,107 @@ ngx_http_idempotency_status_histogram_json(u_char *p, const char *head,
 
     return ngx_sprintf(p, "\"sum\": %uA.%03uA, \"count\": %ui}",
                        sum / 1000, sum % 1000, count);
+}
+
+
+/*
+ * "locations": an object per label, in the order the configuration names
+ * them, with the groups and members of the node-wide counters it keeps
+ */
+
+static u_char *
+ngx_http_idempotency_status_locations_json(u_char *p,
+    ngx_http_idempotency_stats_t *stats)
+{
+    ngx_uint_t                               i, f, k, n;
+    ngx_http_idempotency_metric_t           *m;
+    ngx_http_idempotency_label_t           **labels;
+    ngx_http_idempotency_location_family_t  *lf;
+
+    labels = ngx_http_idempotency_stats_labels(&n);
+
+    p = ngx_sprintf(p, ",\n  \"locations\": {");
+
+    for (i = 0; i < n; i++) {
+        p = ngx_sprintf(p, "%s\n    \"%V\": {", i ? "," : "",
+                        &labels[i]->name);
+
+        for (f = 0; f < sizeof(ngx_http_idempotency_location_families)
+                        / sizeof(ngx_http_idempotency_location_family_t);
+             f++)
+        {
+            lf = &ngx_http_idempotency_location_families[f];
+
+            for (k = lf->first; k <= lf->last; k++) {
+                m = &ngx_http_idempotency_metrics[k];
+
+                if (k == lf->first
+                    && (f == 0
+                        || m->group.len != m[-1].group.len
+                        || ngx_strncmp(m->group.data, m[-1].group.data,
+                                       m->group.len) != 0))
+                {
+                    p = ngx_sprintf(p, "%s\"%V\": {", f ? "}, " : "",
+                                    &m->group);
+
+                } else {
+                    p = ngx_sprintf(p, ", ");
+                }
+
+                p = ngx_sprintf(p, "\"%V\": %uA", &m->field,
+                    stats->label[labels[i]->slot]
+                        .counter[ngx_http_idempotency_label_index(k)]);
+            }
+        }
+
+        p = ngx_sprintf(p, "}}");
+    }
+
+    return ngx_sprintf(p, "%s}", n ? "\n  " : "");
+}
+
+
+static u_char *
+ngx_http_idempotency_status_locations_prometheus(u_char *p,
+    ngx_http_idempotency_stats_t *stats)
+{
+    ngx_uint_t                               i, f, k, n;
+    ngx_atomic_uint_t                        v;
+    ngx_http_idempotency_metric_t           *m;
+    ngx_http_idempotency_label_t           **labels;
+    ngx_http_idempotency_location_family_t  *lf;
+
+    labels = ngx_http_idempotency_stats_labels(&n);
+
+    if (n == 0) {
+        return p;
+    }
+
+    for (f = 0; f < sizeof(ngx_http_idempotency_location_families)
+                    / sizeof(ngx_http_idempotency_location_family_t); f++)
+    {
+        lf = &ngx_http_idempotency_location_families[f];
+
+        p = ngx_sprintf(p,
+                "# HELP " NGX_HTTP_IDEMPOTENCY_PREFIX "%s %s\n"
+                "# TYPE " NGX_HTTP_IDEMPOTENCY_PREFIX "%s %s\n",
+                lf->family, lf->help, lf->family, lf->type);
+
+        for (i = 0; i < n; i++) {
+            for (k = lf->first; k <= lf->last; k++) {
+                m = &ngx_http_idempotency_metrics[k];
+                v = stats->label[labels[i]->slot]
+                        .counter[ngx_http_idempotency_label_index(k)];
+
+                p = ngx_sprintf(p, NGX_HTTP_IDEMPOTENCY_PREFIX "%s{location="
+                                "\"%V\"%s%V} %uA\n",
+                                lf->family, &labels[i]->name,
+                                m->label.len ? "," : "", &m->label, v);
+            }
+        }
+    }
+
+    return p;
 }
 
 

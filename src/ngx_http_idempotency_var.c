@@ -245,19 +245,39 @@ ngx_http_idempotency_outcome_init(ngx_conf_t *cf)
 static ngx_int_t
 ngx_http_idempotency_outcome_log_handler(ngx_http_request_t *r)
 {
-    ngx_http_idempotency_outcome_e  outcome;
+    ngx_http_idempotency_ctx_t       *ctx;
+    ngx_http_idempotency_outcome_e    outcome;
+    ngx_http_idempotency_loc_conf_t  *ilcf;
 
     if (r != r->main) {
         return NGX_OK;
     }
 
-    outcome = ngx_http_idempotency_request_outcome(r);
+    /*
+     * As ngx_http_idempotency_request_outcome(), with the location it
+     * counts under: the one that decided, after any redirect
+     */
 
-    if (outcome != NGX_HTTP_IDEMPOTENCY_NONE) {
-        ngx_http_idempotency_stat_inc((ngx_http_idempotency_stat_e)
-                                (NGX_HTTP_IDEMPOTENCY_STAT_BYPASS
-                                 + outcome - NGX_HTTP_IDEMPOTENCY_BYPASS));
+    ctx = ngx_http_idempotency_get_ctx(r);
+
+    if (ctx != NULL && ctx->outcome != NGX_HTTP_IDEMPOTENCY_NONE) {
+        outcome = ctx->outcome;
+        ilcf = ctx->conf;
+
+    } else {
+        ilcf = ngx_http_get_module_loc_conf(r, ngx_http_idempotency_module);
+
+        if (!ilcf->enable) {
+            return NGX_OK;
+        }
+
+        outcome = NGX_HTTP_IDEMPOTENCY_BYPASS;
     }
+
+    ngx_http_idempotency_stat_count(ilcf->metrics,
+                                    (ngx_http_idempotency_stat_e)
+                                    (NGX_HTTP_IDEMPOTENCY_STAT_BYPASS
+                                     + outcome - NGX_HTTP_IDEMPOTENCY_BYPASS));
 
     return NGX_OK;
 }

@@ -145,6 +145,79 @@ our $FailConfig = q{
     }
 };
 
+# Per-location counters: two named locations, one that names none (the
+# default name), a label inherited by a nested location, a cache.
+our $LabelConfig = q{
+    location = /status {
+        idempotency_status;
+    }
+
+    location = /pay {
+        idempotency on;
+        idempotency_metrics_label payments;
+        idempotency_cache t110;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
+    }
+
+    location = /ord {
+        idempotency on;
+        idempotency_required on;
+        idempotency_metrics_label orders;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
+    }
+
+    location = /plain {
+        idempotency on;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
+    }
+
+    location /nested/ {
+        idempotency_metrics_label api/v2:nested;
+
+        location = /nested/in {
+            idempotency on;
+            proxy_pass http://127.0.0.1:$TEST_NGINX_SERVER_PORT/backend;
+        }
+    }
+
+    location = /backend {
+        return 201 "created\n";
+    }
+};
+
+our $LabelHttpConfig = $HttpConfig . q{
+    idempotency_cache_zone t110:1m;
+};
+
+# The per-location counters of a JSON status and of the Prometheus output:
+# { NAME => { "group.field" => value } } each.
+sub locations_json {
+    my ($s) = @_;
+    my %l;
+    for my $name (keys %{ $s->{locations} // {} }) {
+        my $f = flat($s->{locations}{$name});
+        $l{$name} = $f;
+    }
+    return \%l;
+}
+
+sub locations_prometheus {
+    my ($fam) = @_;
+    my %l;
+    my %group = (requests => 'outcome', responses => 'result');
+    for my $g (keys %group) {
+        for my $s (@{ $fam->{"nginx_idempotency_location_${g}_total"}{samples} // [] }) {
+            $l{ $s->[1]{location} }{"$g.$s->[1]{$group{$g}}"} = $s->[2];
+        }
+    }
+    for my $c (qw(hits misses)) {
+        for my $s (@{ $fam->{"nginx_idempotency_location_cache_${c}_total"}{samples} // [] }) {
+            $l{ $s->[1]{location} }{"cache.$c"} = $s->[2];
+        }
+    }
+    return \%l;
+}
+
 # One request on its own connection, read to the end: (status, head, body).
 sub http {
     my ($method, $uri, $headers, $body) = @_;
@@ -187,12 +260,20 @@ sub status_prometheus {
 }
 
 # Every counter of a JSON status as "group.field" => value (the histograms
-# as redis_latency_ms.count and redis_wait_ms.count only).
+# as redis_latency_ms.count and redis_wait_ms.count only, the locations' as
+# "locations.NAME.group.field").
 sub flat {
     my ($s) = @_;
     my %f;
     for my $g (keys %$s) {
         next unless ref $s->{$g} eq 'HASH';
+        if ($g eq 'locations') {
+            for my $l (keys %{ $s->{$g} }) {
+                my $f = flat($s->{$g}{$l});
+                $f{"$g.$l.$_"} = $f->{$_} for keys %$f;
+            }
+            next;
+        }
         if ($g eq 'redis_latency_ms' || $g eq 'redis_wait_ms') {
             $f{"$g.count"} = $s->{$g}{count};
             next;
@@ -824,3 +905,140 @@ invalid number of arguments in "idempotency_status" directive
 --- must_die
 --- error_log
 "idempotency_status" directive is duplicate
+
+
+
+=== TEST 27: per-location counters: each label counts its own locations' outcomes, results and cache lookups
+--- http_config eval: $::LabelHttpConfig
+--- config eval: $::LabelConfig
+--- init
+my $k = "loc-$$-" . time();
+Test::More::is(main::post('/pay', "$k-1", 'a'), 201, 'payments: MISS');
+Test::More::is(main::post('/pay', "$k-1", 'a'), 201, 'payments: HIT (from the cache)');
+Test::More::is(main::post('/pay', "$k-1", 'b'), 422, 'payments: MISMATCH');
+Test::More::is(main::post('/ord', undef, 'a'), 400, 'orders: MISSING');
+Test::More::is(main::post('/ord', "$k-2", 'a'), 201, 'orders: MISS');
+Test::More::is((main::http('GET', '/plain'))[0], 201, 'default: BYPASS');
+Test::More::is(main::post('/nested/in', "$k-3", 'a'), 201, 'nested: MISS');
+
+# a request is counted when it is logged, which may come after the client
+# saw the connection's end (a lingering close): wait for all seven
+my $s;
+for (1 .. 100 * $main::Slow) {
+    $s = main::status_json();
+    my $n = 0;
+    $n += $_ for values %{ $s->{requests} };
+    last if $n >= 7;
+    select(undef, undef, undef, 0.1);
+}
+my $l = main::locations_json($s);
+Test::More::is_deeply([sort keys %$l],
+                      [sort 'payments', 'orders', 'default', 'api/v2:nested'],
+                      'one group per name, "default" for the location that names none');
+my %want = (
+    payments => { 'requests.MISS' => 1, 'requests.HIT' => 1,
+                  'requests.MISMATCH' => 1, 'responses.stored' => 1,
+                  'cache.hits' => 2, 'cache.misses' => 1 },
+    orders => { 'requests.MISSING' => 1, 'requests.MISS' => 1,
+                'responses.stored' => 1 },
+    default => { 'requests.BYPASS' => 1 },
+    'api/v2:nested' => { 'requests.MISS' => 1, 'responses.stored' => 1 },
+);
+for my $name (sort keys %want) {
+    my %got = map { $_ => $l->{$name}{$_} } grep { $l->{$name}{$_} } keys %{ $l->{$name} };
+    Test::More::is_deeply(\%got, $want{$name}, "$name: its own counts, the others 0")
+        or Test::More::diag(JSON::PP->new->canonical->encode($l->{$name}));
+}
+
+# the node-wide totals are the sums of the locations'
+my $f = main::flat($s);
+for my $c (grep { /^(?:requests|responses)\./ || /^cache\.(?:hits|misses)$/ } sort keys %$f) {
+    my $sum = 0;
+    $sum += $l->{$_}{$c} // 0 for keys %$l;
+    Test::More::is($sum, $f->{$c}, "$c: the total is the locations' sum");
+}
+
+# the same counts in the Prometheus output, a family per kind
+my $fam = eval { main::parse_prometheus(main::status_prometheus()) };
+Test::More::ok($fam, 'the exposition format is valid') or Test::More::diag($@);
+Test::More::is_deeply(main::locations_prometheus($fam // {}), $l,
+                      'label location="NAME": the counts of the JSON');
+--- request
+GET /status
+--- error_code: 200
+
+
+
+=== TEST 28: per-location counters go on across a reload; a name no longer configured is gone, a new one starts at 0
+--- skip_eval: 5: $ENV{TEST_NGINX_USE_VALGRIND}
+--- init
+return if $ENV{TEST_NGINX_USE_VALGRIND};    # skipped (the real Test::Nginx runs init anyway)
+my $before = main::status_json()->{locations};
+my $conf = "$ENV{TEST_NGINX_SERVER_ROOT}/conf/nginx.conf";
+my $text = do { local (@ARGV, $/) = $conf; <> };
+$text =~ s/idempotency_metrics_label orders;/idempotency_metrics_label orders-v2;/
+    or die "no orders label in $conf\n";
+open my $fh, '>', $conf or die "$conf: $!";
+print $fh $text;
+close $fh;
+open my $pf, '<', "$ENV{TEST_NGINX_SERVER_ROOT}/logs/nginx.pid" or die $!;
+chomp(my $pid = <$pf>);
+kill 'HUP', $pid or die "cannot HUP $pid";
+# the new workers answer once the status names the new label
+my $after;
+for (1 .. 100 * $main::Slow) {
+    $after = eval { main::status_json()->{locations} } // {};
+    last if $after->{'orders-v2'};
+    select(undef, undef, undef, 0.1);
+}
+Test::More::ok($after->{'orders-v2'}, 'the reloaded configuration answers');
+Test::More::is_deeply($after->{payments}, $before->{payments},
+                      'payments: its counts kept');
+Test::More::ok(!exists $after->{orders}, 'orders: no longer shown');
+Test::More::is_deeply([grep { $_ } values %{ main::locations_json({ locations => $after })->{'orders-v2'} }],
+                      [], 'orders-v2: starts at 0');
+Test::More::is(main::post('/ord', undef, 'a'), 400, 'orders-v2: MISSING');
+--- request
+GET /status
+--- error_code: 200
+
+
+
+=== TEST 29: misuse: idempotency_metrics_label with a character that would need escaping
+--- config
+    location = /t {
+        idempotency_metrics_label "pay ments";
+    }
+--- must_die
+--- error_log
+invalid "idempotency_metrics_label" name "pay ments": only letters, digits and "_-.:/" are allowed
+
+
+
+=== TEST 30: misuse: idempotency_metrics_label twice in a location, or outside one
+--- config
+    location = /t {
+        idempotency_metrics_label a;
+        idempotency_metrics_label b;
+    }
+--- must_die
+--- error_log
+"idempotency_metrics_label" directive is duplicate
+
+
+
+=== TEST 31: misuse: idempotency_metrics_label only in a location
+--- config
+    idempotency_metrics_label a;
+--- must_die
+--- error_log
+"idempotency_metrics_label" directive is not allowed here
+
+
+
+=== TEST 32: nginx -t refuses a 65th name (the zone holds 64 per configuration)
+--- config eval
+CORE::join "", map { "    location = /l$_ { idempotency_metrics_label l$_; }\n" } 1 .. 65
+--- must_die
+--- error_log
+too many idempotency_metrics_label names: at most 64 in one configuration

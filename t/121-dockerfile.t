@@ -128,6 +128,14 @@ for my $i (grep { $_->[1] eq 'COPY' } @ins) {
     }
 }
 
+# -- what operators load into Prometheus and Grafana, where the
+# documentation says the image has them
+my $obs = slurp('docs/observability.md');
+ok($dest{contrib}, 'the image ships contrib/ (alert rules, dashboard)');
+like($obs, qr/\Q$dest{contrib}\E/,
+     "  in $dest{contrib}, as docs/observability.md says")
+    if $dest{contrib};
+
 # -- the final image: entrypoint, its inputs, the command
 my $entry = slurp('scripts/docker-entrypoint.sh');
 my %default = $entry =~ /\$\{(\w+):-([^}]+)\}/g;
@@ -243,6 +251,8 @@ for my $i (grep { $_->[1] eq 'COPY' } @off) {
             if $i->[0] eq 'final';
     }
 }
+ok(scalar(grep { m{^contrib\s} } off_args('final', 'COPY')),
+   'Dockerfile.official: the image ships contrib/ too');
 my ($oworkdir) = off_args('build', 'WORKDIR');
 my ($omod) = grep { m{/objs/ngx_http_idempotency_module\.so\s} }
     off_args('final', 'COPY');

@@ -169,12 +169,14 @@ for my $group (sort keys %groups) {
 my %in_example;
 my $walk;
 $walk = sub {
-    my ($v) = @_;
+    my ($v, $parent) = @_;
     if (ref $v eq 'HASH') {
         for my $k (keys %$v) {
-            # a bucket's bound is a value, not a name
-            $in_example{$k} = 1 unless $k =~ /^(?:[\d.]+|\+Inf)$/;
-            $walk->($v->{$k});
+            # a bucket's bound and a location's label are values, not names
+            $in_example{$k} = 1
+                unless $k =~ /^(?:[\d.]+|\+Inf)$/
+                       || ($parent // '') eq 'locations';
+            $walk->($v->{$k}, $k);
         }
     } elsif (ref $v eq 'ARRAY') {
         $walk->($_) for @$v;
