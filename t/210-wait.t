@@ -11,43 +11,34 @@
 # wait_aof with the AOF off (and, on Redis 7.2 or newer, on); the eviction
 # policy warned about and shown.  nginx -t refuses bad option values.
 #
-# A plain Test::More file: every process is its own, stopped by its pid.
+# A plain Test::More file: every process is its own, stopped by its pid
+# (nginx by t/lib/Roads, under valgrind with make test-valgrind).
 # Run from the repository root (prove does).
 
 use strict;
 use warnings;
 use Test::More;
 use File::Path ();
-use File::Spec ();
-use File::Temp ();
 use IO::Socket::INET ();
-use POSIX ();
-use Time::HiRes ();
 
 use lib 't/lib';
 use IdemTest ();
 use RedisTopology;
 use DelayProxy ();
+use Roads ();
 use TinyDNS;
+use WaitTest ();
 
-plan skip_all => 'TEST_NGINX_LOAD_MODULES is not set (run via make test)'
-    unless $ENV{TEST_NGINX_LOAD_MODULES};
-plan skip_all => 'redis-server and redis-cli are needed'
-    unless `sh -c 'command -v redis-server && command -v redis-cli'`
-           =~ /redis-cli/;
+WaitTest::plan_needs('redis-server', 'redis-cli');
 
 my $Prefix = 't210:';
 my $Name = 'mymaster';
-my $Nginx = $ENV{TEST_NGINX_BINARY} || '/usr/sbin/nginx';
 
-my $base = -d 'build/test' ? 'build/test' : File::Spec->tmpdir;
-my $dir = File::Spec->rel2abs(File::Temp::tempdir('t210-XXXXXX',
-                                                   DIR => $base));
+my $dir = Roads::tempdir('t210', 1);    # kept when a test fails
 
-my $nginx_pid;
 my $topo;
-my $port = RedisTopology::free_port();
-my $exec_log = "$dir/nginx/logs/exec.log";
+my ($dns, $slow_pid, $slow);
+my $port = IdemTest::free_port();
 
 $SIG{INT} = $SIG{TERM} = sub { stop_all(); exit 130 };
 
@@ -90,27 +81,27 @@ my $master = $topo->{master_port};
 my $replica = $topo->{replica_port};
 
 # the master by a name the workers resolve (resolve)
-my $dns = TinyDNS->new(dir => $dir, ttl => 1);
+$dns = TinyDNS->new(dir => $dir, ttl => 1);
 $dns->set('redis.test' => '127.0.0.1');
 
 # the upstream 1 s away (/slow)
-my ($slow_pid, $slow) = DelayProxy::start($port, 1);
+($slow_pid, $slow) = DelayProxy::start($port, 1);
 
 # a policy that may evict keys with a TTL (maxmemory 0: none is evicted)
 $topo->cli($master, 'CONFIG', 'SET', 'maxmemory-policy', 'volatile-lru');
 
-start_nginx();
+Roads::start_nginx($dir, $port, http_conf(), 2);
 
 ok(wait_for(15, sub { post('/s', 'warm-s')->{status} == 201 }),
    'behind Sentinel with wait_replicas=1: a claim runs')
-    or diag(tail("$dir/nginx/logs/error.log"));
+    or diag(WaitTest::tail("$dir/nginx/logs/error.log"));
 ok(wait_for(10, sub { post('/d', 'warm-d')->{status} == 201 }),
    'a single server with wait_replicas=1: a claim runs')
-    or diag(tail("$dir/nginx/logs/error.log"));
+    or diag(WaitTest::tail("$dir/nginx/logs/error.log"));
 ok(wait_for(10, sub { post('/r', 'warm-r')->{status} == 201 }),
    'a name resolved by the workers (resolve) with wait_replicas=1: a '
    . 'claim runs')
-    or diag(tail("$dir/nginx/logs/error.log"));
+    or diag(WaitTest::tail("$dir/nginx/logs/error.log"));
 
 
 # --- the replica up: MISS, HIT, WAIT sent ---------------------------------
@@ -155,7 +146,7 @@ like($st, qr/"redis_wait_ms": \{"buckets": .*"count": [1-9]/,
      'status: the wait-time histogram');
 like($st, qr/"maxmemory_policy": "volatile-lru"/,
      'status: the eviction policy of the connection');
-like(slurp("$dir/nginx/logs/error.log"),
+like(Roads::slurp("$dir/nginx/logs/error.log"),
      qr/has maxmemory-policy volatile-lru: under memory pressure it may evict/,
      'the eviction policy is warned about at the handshake');
 
@@ -164,25 +155,14 @@ like(slurp("$dir/nginx/logs/error.log"),
 
 # the upstream answers 1 s late (a delaying proxy in front of it): the
 # claim is acknowledged, then the replica stops before the store
-my $sock = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port,
-                                 Timeout => 10);
-print $sock "POST /slow HTTP/1.1\r\nHost: localhost\r\n"
-    . "Idempotency-Key: resend-1\r\nContent-Length: 1\r\n"
-    . "Connection: close\r\n\r\nx";
+my $sock = WaitTest::send_post($port, '/slow', 'resend-1');
 ok(wait_for(5, sub { record_on($replica, 'resend-1') }),
    'a slow request\'s claim reaches the replica');
 kill 'STOP', $topo->{pids}{$replica};
 ok(wait_for(10, sub { status() =~ /"store_resent": [1-9]/ }),
    'its store, not acknowledged, is sent again (store_resent)');
 kill 'CONT', $topo->{pids}{$replica};
-my $resp = '';
-{
-    local $/;
-    local $SIG{ALRM} = sub { die "timeout\n" };
-    alarm(15);
-    $resp = eval { readline($sock) } // '';
-    alarm(0);
-}
+my $resp = WaitTest::answer($sock, 15);
 like($resp, qr{^HTTP/1\.1 201}, 'the client got its answer');
 ok(wait_for(10, sub { post('/slow', 'resend-1')->{idem} eq 'HIT' }),
    'once the replica is back the record is stored: a retry is replayed');
@@ -208,7 +188,7 @@ ok(!$c->{'down/s'} && !$c->{'down/d'} && !$c->{'down/r'},
 
 $st = status();
 like($st, qr/"claim_refused": [1-9]/, 'status: claims refused counted');
-like(slurp("$dir/nginx/logs/error.log"),
+like(Roads::slurp("$dir/nginx/logs/error.log"),
      qr/WAIT: 0 of 1 replicas acknowledged the writes within wait_timeout/,
      'the short acknowledgement is logged');
 ok(wait_for(5, sub { !record_on($master, 'down/s') }),
@@ -223,7 +203,7 @@ is($r->{status}, 201, 'idempotency_on_store_error open: passed through');
 like(post('/aof', 'aof-off')->{status}, qr/^503$/,
      'wait_aof without AOF (or WAITAOF): refused (503)');
 ok(!exec_counts()->{'aof-off'}, 'and not run');
-like(slurp("$dir/nginx/logs/error.log"),
+like(Roads::slurp("$dir/nginx/logs/error.log"),
      qr/wait_aof cannot be used.*(?:no WAITAOF|AOF is off)/,
      'a clear error-log line at the handshake');
 
@@ -234,48 +214,35 @@ SKIP: {
     $topo->cli($master, 'CONFIG', 'SET', 'appendonly', 'yes');
     ok(wait_for(15, sub { post('/aof', 'aof-on')->{status} == 201 }),
        'wait_aof with appendonly yes: a claim runs')
-        or diag(tail("$dir/nginx/logs/error.log"));
+        or diag(WaitTest::tail("$dir/nginx/logs/error.log"));
     is(exec_counts()->{'aof-on'}, 1, 'once');
 }
 
 stop_all();
-File::Path::remove_tree($dir) if Test::More->builder->is_passing;
-done_testing();
+WaitTest::done($dir);
 
 
 # --- helpers -----------------------------------------------------------------
 
+sub wait_for { Roads::wait_for(@_) }
+
 sub nginx_t {
     my ($directive) = @_;
-    my $p = "$dir/t-" . int(rand(1e9));
-    File::Path::make_path("$p/conf", "$p/logs");
-    RedisTopology::write_file("$p/conf/nginx.conf", <<CONF);
-load_module $ENV{TEST_NGINX_LOAD_MODULES};
-error_log logs/error.log;
-pid logs/nginx.pid;
-events {}
-http {
+    return (IdemTest::nginx_t_http(<<HTTP))[0];
     $directive
     server {
         listen 127.0.0.1:$port;
         location / { idempotency on; return 200; }
     }
-}
-CONF
-    return scalar `$Nginx -t -p $p/ -c conf/nginx.conf 2>&1`;
+HTTP
 }
 
 sub wait_calls {
-    my $info = $topo->cli($topo->master_port, 'INFO', 'commandstats');
-    my ($calls) = $info =~ /^cmdstat_wait:calls=(\d+)/m;
-    return $calls // 0;
+    return WaitTest::wait_calls(
+        $topo->cli($topo->master_port, 'INFO', 'commandstats'));
 }
 
-sub exec_counts {
-    my %n;
-    $n{$_}++ for slurp($exec_log) =~ /^EXEC (\S+)$/mg;
-    return \%n;
-}
+sub exec_counts { WaitTest::exec_counts($dir) }
 
 sub record_key {
     my ($key) = @_;
@@ -293,17 +260,7 @@ sub status {
 
 sub post {
     my ($loc, $key) = @_;
-
-    my $resp = IdemTest::exchange($port,
-                 "POST $loc HTTP/1.1\r\nHost: localhost\r\n"
-                 . "Idempotency-Key: $key\r\nContent-Length: 1\r\n"
-                 . "Connection: close\r\n\r\nx", 10);
-
-    my ($head, $body) = split /\r\n\r\n/, $resp, 2;
-    my ($status) = ($head // '') =~ m{^HTTP/1\.\d (\d+)};
-    my ($idem) = ($head // '') =~ /^X-Idempotency-Status: (\S+)/mi;
-
-    return { status => $status // 0, idem => $idem // '', body => $body // '' };
+    return WaitTest::post($port, $loc, $key);
 }
 
 # $n requests with keys "$prefix-1" ... sent at once: key => status
@@ -319,66 +276,20 @@ sub concurrent {
     }
 
     for my $k (keys %sock) {
-        print { $sock{$k} } "POST $loc HTTP/1.1\r\nHost: localhost\r\n"
-            . "Idempotency-Key: $k\r\nContent-Length: 1\r\n"
-            . "Connection: close\r\n\r\nx";
+        print { $sock{$k} } WaitTest::request($loc, $k);
     }
 
     for my $k (keys %sock) {
-        my $resp = '';
-        eval {
-            local $SIG{ALRM} = sub { die "timeout\n" };
-            alarm(10);
-            local $/;
-            $resp = readline($sock{$k}) // '';
-            alarm(0);
-        };
-        alarm(0);
-        ($out{$k}) = $resp =~ m{^HTTP/1\.\d (\d+)};
-        $out{$k} //= 0;
+        $out{$k} = WaitTest::status_of(WaitTest::answer($sock{$k}, 10));
     }
 
     return \%out;
 }
 
-sub wait_for {
-    my ($seconds, $cond) = @_;
-    my $until = Time::HiRes::time() + $seconds;
-
-    while (Time::HiRes::time() < $until) {
-        return 1 if $cond->();
-        Time::HiRes::sleep(0.1);
-    }
-
-    return 0;
-}
-
-sub start_nginx {
-    my $prefix = "$dir/nginx";
-    File::Path::make_path("$prefix/conf", "$prefix/logs");
-
+sub http_conf {
     my $s = join ' ', map { "127.0.0.1:$_" } @{ $topo->{sentinel_ports} };
 
-    RedisTopology::write_file("$prefix/conf/nginx.conf", <<CONF);
-load_module $ENV{TEST_NGINX_LOAD_MODULES};
-daemon off;
-master_process on;
-worker_processes 2;
-error_log logs/error.log info;
-pid logs/nginx.pid;
-
-events {
-    worker_connections 512;
-}
-
-http {
-    access_log off;
-    log_format exec 'EXEC \$http_idempotency_key';
-    idempotency_scope "test:\$http_authorization";
-
-    server {
-        listen 127.0.0.1:$port;
-
+    return WaitTest::http_conf($port, <<HTTP);
         location = /s {
             idempotency on;
             idempotency_redis $s sentinel=$Name prefix=$Prefix
@@ -430,62 +341,16 @@ http {
             proxy_pass http://127.0.0.1:$slow/backend;
         }
 
-        location = /backend {
-            access_log logs/exec.log exec;
-            return 201 "ran \$request_id\\n";
-        }
-
         location = /status {
             idempotency_status;
         }
-    }
-}
-CONF
-
-    $nginx_pid = fork();
-    die "fork: $!" unless defined $nginx_pid;
-
-    if ($nginx_pid == 0) {
-        open STDERR, '>>', "$prefix/logs/stderr.log";
-        exec $Nginx, '-p', "$prefix/", '-c', 'conf/nginx.conf'
-            or POSIX::_exit(127);
-    }
-
-    wait_for(10, sub { RedisTopology::port_open($port) })
-        or BAIL_OUT('nginx did not start: ' . tail("$prefix/logs/stderr.log")
-                    . tail("$prefix/logs/error.log"));
+HTTP
 }
 
 sub stop_all {
-    if ($nginx_pid) {
-        kill 'QUIT', $nginx_pid;
-
-        for (1 .. 100) {
-            last if waitpid($nginx_pid, POSIX::WNOHANG()) != 0;
-            Time::HiRes::sleep(0.05);
-            kill 'KILL', $nginx_pid if $_ == 100;
-        }
-
-        waitpid($nginx_pid, 0);
-        undef $nginx_pid;
-    }
-
+    Roads::stop();
     $topo->stop if $topo;
     $dns->stop if $dns;
     DelayProxy::stop($slow_pid) if $slow_pid;
     undef $slow_pid;
-}
-
-sub slurp {
-    my ($path) = @_;
-    open my $fh, '<', $path or return '';
-    local $/;
-    return <$fh>;
-}
-
-sub tail {
-    my ($path) = @_;
-    my @l = split /\n/, slurp($path);
-    splice @l, 0, -30 if @l > 30;
-    return join("\n", @l) . "\n";
 }
