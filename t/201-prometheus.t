@@ -30,13 +30,12 @@ use File::Path ();
 use File::Spec ();
 use File::Temp ();
 use HTTP::Tiny ();
-use IO::Socket::INET ();
 use JSON::PP ();
 use POSIX ();
-use Time::HiRes ();
 
 use lib 't/lib';
 use IdemTest ();
+use Roads ();
 
 plan skip_all => 'TEST_NGINX_LOAD_MODULES is not set (run via make test)'
     unless $ENV{TEST_NGINX_LOAD_MODULES};
@@ -48,7 +47,6 @@ plan skip_all => 'prometheus and promtool are needed (apt-get install '
     unless `sh -c 'command -v prometheus && command -v promtool'`
            =~ /promtool/;
 
-my $Nginx = $ENV{TEST_NGINX_BINARY} || '/usr/sbin/nginx';
 my $Slow = $ENV{TEST_NGINX_USE_VALGRIND} ? 6 : 1;
 my $Rules = 'contrib/prometheus/nginx-idempotency-alerts.yml';
 my $RuleTests = 'contrib/prometheus/nginx-idempotency-alerts.test.yml';
@@ -59,7 +57,7 @@ my $dir = File::Spec->rel2abs(File::Temp::tempdir('t201-XXXXXX',
                                                    DIR => $base));
 chmod 0755, $dir;
 
-my ($redis_pid, $nginx_pid, $prom_pid);
+my ($redis_pid, $prom_pid);
 my $rport = IdemTest::free_port();
 my $port = IdemTest::free_port();
 my $pport = IdemTest::free_port();
@@ -133,8 +131,7 @@ for my $title ('Outcomes by location', 'Replay ratio by location',
 
 # --- nginx with two named locations ---------------------------------------
 
-write_nginx_conf();
-start_nginx();
+Roads::start_nginx($dir, $port, http_conf());
 
 my $k = "t201-$$-" . time();
 is(post('/pay', "$k-1", 'a'), 201, 'payments: MISS');
@@ -260,12 +257,9 @@ done_testing();
 
 # --- helpers ----------------------------------------------------------------
 
-sub slurp {
-    my ($path) = @_;
-    open my $h, '<', $path or die "$path: $!\n";
-    local $/;
-    return <$h>;
-}
+sub slurp { Roads::slurp(@_) }
+
+sub wait_for { Roads::wait_for(@_) }
 
 # GitHub's anchor of a heading
 sub anchor {
@@ -335,18 +329,6 @@ sub query {
     return $d ? $d->{result} : undef;
 }
 
-sub wait_for {
-    my ($seconds, $cond) = @_;
-    my $until = Time::HiRes::time() + $seconds * $Slow;
-
-    while (Time::HiRes::time() < $until) {
-        return 1 if $cond->();
-        Time::HiRes::sleep(0.1);
-    }
-
-    return 0;
-}
-
 sub request {
     my ($method, $uri, $key, $body) = @_;
     my $r = $http->request($method, "http://127.0.0.1:$port$uri", {
@@ -359,21 +341,9 @@ sub request {
 sub post { return request('POST', @_) }
 sub get { return request('GET', $_[0]) }
 
-sub write_nginx_conf {
-    File::Path::make_path("$dir/nginx/conf", "$dir/nginx/logs");
-    open my $fh, '>', "$dir/nginx/conf/nginx.conf" or die $!;
-    print $fh <<CONF;
-load_module $ENV{TEST_NGINX_LOAD_MODULES};
-daemon off;
-master_process on;
-worker_processes 2;
-error_log logs/error.log info;
-pid logs/nginx.pid;
-events {
-    worker_connections 256;
-}
-http {
-    access_log off;
+# the http{} of the node: two named locations and one that names none
+sub http_conf {
+    return <<HTTP;
     idempotency_scope "t201:";
     idempotency_redis 127.0.0.1:$rport prefix=t201-$$:;
     idempotency_cache_zone t201:1m;
@@ -410,27 +380,7 @@ http {
             return 201 "created\\n";
         }
     }
-}
-CONF
-    close $fh;
-}
-
-sub start_nginx {
-    my $prefix = "$dir/nginx";
-    $nginx_pid = fork();
-    die "fork: $!" unless defined $nginx_pid;
-
-    if ($nginx_pid == 0) {
-        open STDERR, '>>', "$prefix/logs/stderr.log";
-        exec $Nginx, '-p', "$prefix/", '-c', 'conf/nginx.conf'
-            or POSIX::_exit(127);
-    }
-
-    wait_for(20, sub {
-        IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port,
-                              Timeout => 1)
-    }) or BAIL_OUT('nginx did not start: '
-                   . `tail -5 $prefix/logs/stderr.log $prefix/logs/error.log`);
+HTTP
 }
 
 sub start_prometheus {
@@ -450,10 +400,7 @@ scrape_configs:
 CONF
     close $fh;
 
-    $prom_pid = fork();
-    die "fork: $!" unless defined $prom_pid;
-
-    if ($prom_pid == 0) {
+    $prom_pid = Roads::spawn(sub {
         open STDOUT, '>>', "$dir/prometheus.log";
         open STDERR, '>&', \*STDOUT;
         exec 'prometheus', "--config.file=$dir/prometheus.yml",
@@ -461,28 +408,20 @@ CONF
              "--web.listen-address=127.0.0.1:$pport",
              '--log.level=warn'
             or POSIX::_exit(127);
-    }
+    });
 }
 
-sub stop_pid {
-    my ($pid, $sig) = @_;
-    return unless $pid;
-    kill $sig, $pid;
-
-    for (1 .. 200) {
-        return if waitpid($pid, POSIX::WNOHANG()) != 0;
-        Time::HiRes::sleep(0.05 * $Slow);
-    }
-
-    kill 'KILL', $pid;
-    waitpid($pid, 0);
-}
-
+# Prometheus (TERM: QUIT would dump its goroutines), nginx, the Redis
 sub stop_all {
-    stop_pid($prom_pid, 'TERM');
-    undef $prom_pid;
-    stop_pid($nginx_pid, 'QUIT');
-    undef $nginx_pid;
-    stop_pid($redis_pid, 'TERM');
-    undef $redis_pid;
+    if ($prom_pid) {
+        kill 'TERM', $prom_pid;
+        Roads::wait_pid($prom_pid, 10);
+        undef $prom_pid;
+    }
+    Roads::stop();
+    if ($redis_pid) {
+        kill 'TERM', $redis_pid;
+        waitpid($redis_pid, 0);
+        undef $redis_pid;
+    }
 }
