@@ -7,6 +7,7 @@
 
 #include "ngx_http_idempotency_body.h"
 #include "ngx_http_idempotency_ctx.h"
+#include "ngx_http_idempotency_redis.h"
 #include "ngx_http_idempotency_stats.h"
 
 #include <stdlib.h>

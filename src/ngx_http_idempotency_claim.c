@@ -6,6 +6,7 @@
 
 #include "ngx_http_idempotency_claim.h"
 #include "ngx_http_idempotency_hold.h"
+#include "ngx_http_idempotency_handler.h"
 #include "ngx_http_idempotency_body.h"
 #include "ngx_http_idempotency_cache.h"
 #include "ngx_http_idempotency_capture.h"

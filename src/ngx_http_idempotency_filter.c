@@ -5,6 +5,7 @@
  * HTTP side; uses no Redis layer itself.
  */
 
+#include "ngx_http_idempotency_filter.h"
 #include "ngx_http_idempotency_claim.h"
 #include "ngx_http_idempotency_hold.h"
 #include "ngx_http_idempotency_capture.h"

@@ -5,14 +5,18 @@
  * the records layer.
  */
 
-#include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_handler.h"
+#include "ngx_http_idempotency_conf.h"
 #include "ngx_http_idempotency_body.h"
 #include "ngx_http_idempotency_claim.h"
 #include "ngx_http_idempotency_ctx.h"
 #include "ngx_http_idempotency_key.h"
+#include "ngx_http_idempotency_problem.h"
 #include "ngx_http_idempotency_record.h"
+#include "ngx_http_idempotency_redis.h"
 #include "ngx_http_idempotency_scope.h"
 #include "ngx_http_idempotency_stats.h"
+#include "ngx_http_idempotency_var.h"
 #include "ngx_http_idempotency_wait.h"
 
 #include <stdlib.h>

@@ -5,11 +5,18 @@
  */
 
 #include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_redis.h"
 #include "ngx_http_idempotency_redis_directive.h"
+#include "ngx_http_idempotency_admin.h"
 #include "ngx_http_idempotency_body.h"
 #include "ngx_http_idempotency_cache.h"
-#include "ngx_http_idempotency_stats.h"
+#include "ngx_http_idempotency_filter.h"
+#include "ngx_http_idempotency_handler.h"
+#include "ngx_http_idempotency_problem.h"
 #include "ngx_http_idempotency_scope.h"
+#include "ngx_http_idempotency_stats.h"
+#include "ngx_http_idempotency_status.h"
+#include "ngx_http_idempotency_var.h"
 #include "ngx_http_idempotency_wait.h"
 
 

@@ -4,7 +4,10 @@
  * layer's view of this worker's connections.
  */
 
-#include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_status.h"
+#include "ngx_http_idempotency_conf.h"
+#include "ngx_http_idempotency_problem.h"
+#include "ngx_http_idempotency_redis.h"
 #include "ngx_http_idempotency_cache.h"
 #include "ngx_http_idempotency_stats.h"
 #include "ngx_http_idempotency_version.h"

@@ -12,7 +12,7 @@
  * HTTP side, beside ngx_http_idempotency_handler.c.
  */
 
-#include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_conf.h"
 #include "ngx_http_idempotency_claim.h"
 #include "ngx_http_idempotency_ctx.h"
 #include "ngx_http_idempotency_redis.h"
