@@ -6,7 +6,6 @@
 
 #include "ngx_http_idempotency_claim.h"
 #include "ngx_http_idempotency_hold.h"
-#include "ngx_http_idempotency_handler.h"
 #include "ngx_http_idempotency_body.h"
 #include "ngx_http_idempotency_cache.h"
 #include "ngx_http_idempotency_capture.h"
@@ -17,6 +16,8 @@
 
 #include <stdlib.h>
 
+#include <openssl/rand.h>
+
 
 /* the first line of a completed record, with its CRLF */
 #define NGX_HTTP_IDEMPOTENCY_HEAD_LEN                                         \
@@ -24,10 +25,12 @@
      + sizeof(CRLF) - 1)
 
 
-/* duplicates of this worker waiting for a timer now (idempotency_wait) */
-ngx_uint_t  ngx_http_idempotency_waiters;
+/* per worker: the owner token's parts, see ngx_http_idempotency_owner() */
+static u_char         ngx_http_idempotency_owner_seed[8];
+static uint64_t       ngx_http_idempotency_owner_count;
 
 
+static void ngx_http_idempotency_owner(ngx_http_idempotency_ctx_t *ctx);
 static void ngx_http_idempotency_claim_handler(void *data, redisReply *reply,
     ngx_uint_t rc);
 static ngx_int_t ngx_http_idempotency_claim_reply(ngx_http_request_t *r,
@@ -58,6 +61,30 @@ static ngx_uint_t ngx_http_idempotency_upstream_failed(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
 static void ngx_http_idempotency_store_refused(
     ngx_http_idempotency_redis_info_t *info, long long why);
+
+
+ngx_int_t
+ngx_http_idempotency_claim_init_process(ngx_cycle_t *cycle)
+{
+    if (ngx_process != NGX_PROCESS_WORKER
+        && ngx_process != NGX_PROCESS_SINGLE)
+    {
+        return NGX_OK;
+    }
+
+    if (RAND_bytes(ngx_http_idempotency_owner_seed,
+                   sizeof(ngx_http_idempotency_owner_seed))
+        != 1)
+    {
+        ngx_log_error(NGX_LOG_EMERG, cycle->log, 0,
+                      "idempotency: RAND_bytes() failed");
+        return NGX_ERROR;
+    }
+
+    ngx_http_idempotency_owner_count = 0;
+
+    return NGX_OK;
+}
 
 
 void
@@ -129,6 +156,51 @@ ngx_http_idempotency_claim_send(ngx_http_request_t *r,
         ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_DECIDED;
         ngx_http_idempotency_resume(r, ctx);
     }
+}
+
+
+/*
+ * The owner token only has to differ from that of every other claim of the
+ * same record, in any worker of any node, before and after restarts: the
+ * store, release and renew steps act only while the record is still the
+ * in-flight record with this token.  It is the hex of 8 random bytes drawn
+ * once per worker (RAND_bytes at worker start), the worker's pid and a
+ * 64-bit counter.  Within a worker the counter never repeats; two workers
+ * (on any node, at any time) would need the same 64 random bits, about one
+ * chance in 2^64 per pair, and then, on one node at one time, also the same
+ * pid, which the kernel does not give to two live processes.  The random
+ * bytes are drawn once, not per request: RAND_bytes costs more than the
+ * rest of a HIT in the module.  Made by the first claim sent to Redis
+ * (a replay from the node's cache needs none).
+ */
+
+static void
+ngx_http_idempotency_owner(ngx_http_idempotency_ctx_t *ctx)
+{
+    u_char    *p;
+    uint32_t   pid;
+    uint64_t   n;
+    u_char     raw[8 + 4 + 8];
+    ngx_int_t  i;
+
+    pid = (uint32_t) ngx_pid;
+    n = ++ngx_http_idempotency_owner_count;
+
+    p = ngx_cpymem(raw, ngx_http_idempotency_owner_seed, 8);
+
+    for (i = 3; i >= 0; i--) {
+        p[i] = (u_char) (pid & 0xff);
+        pid >>= 8;
+    }
+
+    p += 4;
+
+    for (i = 7; i >= 0; i--) {
+        p[i] = (u_char) (n & 0xff);
+        n >>= 8;
+    }
+
+    ngx_hex_dump(ctx->owner, raw, sizeof(raw));
 }
 
 

@@ -9,9 +9,8 @@
 #include "ngx_http_idempotency_ctx.h"
 
 
-/* duplicates of this worker waiting for a timer now (idempotency_wait) */
-extern ngx_uint_t  ngx_http_idempotency_waiters;
-
+/* at worker start: the random part of this worker's owner tokens */
+ngx_int_t ngx_http_idempotency_claim_init_process(ngx_cycle_t *cycle);
 
 /*
  * The request's pool goes (the context's cleanup): a pending Redis op is

@@ -14,12 +14,6 @@
 
 /* in NGX_HTTP_PRECONTENT_PHASE, when some location has "idempotency on" */
 ngx_int_t ngx_http_idempotency_handler(ngx_http_request_t *r);
-ngx_int_t ngx_http_idempotency_handler_init_process(ngx_cycle_t *cycle);
-void ngx_http_idempotency_handler_exit_process(ngx_cycle_t *cycle);
-
-/* a new owner token in ctx->owner */
-struct ngx_http_idempotency_ctx_s;
-void ngx_http_idempotency_owner(struct ngx_http_idempotency_ctx_s *ctx);
 
 
 #endif /* _NGX_HTTP_IDEMPOTENCY_HANDLER_H_INCLUDED_ */
