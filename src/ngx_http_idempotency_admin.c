@@ -646,7 +646,7 @@ ngx_http_idempotency_admin_cleanup(void *data)
     ngx_http_idempotency_admin_ctx_t *ctx = data;
 
     if (ctx->op) {
-        ngx_http_idempotency_redis_cancel(ctx->op);
+        ngx_http_idempotency_redis_forget(ctx->op);
         ctx->op = NULL;
     }
 }

@@ -1256,7 +1256,7 @@ ngx_http_idempotency_claim_end(void *data)
     ngx_http_idempotency_ctx_t *ctx = data;
 
     if (ctx->op) {
-        ngx_http_idempotency_redis_cancel(ctx->op);
+        ngx_http_idempotency_redis_forget(ctx->op);
         ctx->op = NULL;
 
         /*

@@ -17,7 +17,6 @@
 #include "ngx_http_idempotency_conf.h"
 #include "ngx_http_idempotency_ctx.h"
 #include "ngx_http_idempotency_redis.h"
-#include "ngx_http_idempotency_redis_sub.h"
 #include "ngx_http_idempotency_scope.h"
 #include "ngx_http_idempotency_stats.h"
 #include "ngx_http_idempotency_wait.h"
@@ -305,7 +304,7 @@ ngx_http_idempotency_wait_init_process(ngx_cycle_t *cycle,
         channel->len = ngx_sprintf(p, "%Vdone", &rcfp[i]->prefix) - p;
 
         ngx_http_idempotency_wait_subs[ngx_http_idempotency_wait_nsubs++]
-            = ngx_http_idempotency_redis_sub_start(rcfp[i], channel,
+            = ngx_http_idempotency_redis_subscribe(rcfp[i], channel,
                                        ngx_http_idempotency_wait_sub_handler,
                                        redis, cycle->pool, cycle->log);
     }
@@ -349,7 +348,8 @@ ngx_http_idempotency_wait_exit_process(ngx_cycle_t *cycle)
     }
 
     for (i = 0; i < ngx_http_idempotency_wait_nsubs; i++) {
-        ngx_http_idempotency_redis_sub_exit(ngx_http_idempotency_wait_subs[i]);
+        ngx_http_idempotency_redis_unsubscribe(
+                                          ngx_http_idempotency_wait_subs[i]);
     }
 
     ngx_http_idempotency_wait_nsubs = 0;
