@@ -2,8 +2,8 @@
  * Waiting duplicates (idempotency_wait): how a request that found its key
  * in flight waits for the first one's outcome, woken by a notification
  * from the node's listener, or by its slow poll as the fallback.  HTTP
- * side, below the claim (ngx_http_idempotency_claim.c), which tells it of
- * every store and release.
+ * side, below the claim (ngx_http_idempotency_claim.c and _settle.c),
+ * which tells it of every store and release.
  */
 
 #ifndef _NGX_HTTP_IDEMPOTENCY_WAIT_H_INCLUDED_
