@@ -193,8 +193,9 @@ help:
 	@echo 'make bench          throughput/latency vs nginx alone, proxy_pass, srcache'
 	@echo '                    and a Lua peer (~3 min; BENCH_ARGS=--quick: ~1.5 min)'
 	@echo 'make check-example  nginx -t on the rendered examples/nginx.conf'
-	@echo 'make check-src      verify the nginx-dev tree is unmodified and every'
-	@echo '                    src/*.c includes nginx'"'"'s or the module'"'"'s header first'
+	@echo 'make check-src      verify the nginx-dev tree is unmodified, every'
+	@echo '                    src/*.c includes nginx'"'"'s or the module'"'"'s header first,'
+	@echo '                    and the layers hold (scripts/callgraph.sh)'
 	@echo 'make clean          stop the demo, remove build/'
 
 FORCE:

@@ -2,6 +2,7 @@
 # Build the dynamic module against an nginx source tree, the Debian way.
 #
 #   scripts/build.sh signature|configure|module|check-load|check-src
+#   scripts/build.sh check-includes|check-layers [DIR]
 #
 # Quiet unless V=1 (make V=1 build): the compiler's command lines go to
 # build/make.log and are shown only when the build fails.
@@ -156,9 +157,65 @@ check_includes() {
     echo "build: every src/*.c includes nginx's or the module's header first"
 }
 
+# The layers hold (docs/architecture.md, "Who calls whom"), as
+# scripts/callgraph.sh sees them: no HTTP-side file (any but redis*,
+# cluster, sentinel, slot, record, key) is in a cycle over calls or
+# includes; none calls a function of the ops, topology or connection
+# layers, or includes one of their headers itself or through an HTTP-side
+# header (the records header, ngx_http_idempotency_redis.h, is the way
+# down: it brings their types); and no src/*.c is over 1,250 lines
+# (DESIGN.md: about 1,200).  DIR is src/ by default.
+check_layers() {
+    local dir=${1:-$ROOT/src} graph bad
+    graph=$("$ROOT/scripts/callgraph.sh" "$dir") \
+        || die "scripts/callgraph.sh failed"
+    bad=$(perl -e '
+        use strict;
+        use warnings;
+        my ($dir, $graph) = @ARGV;
+        my $lower = qr/^(?:redis_(?:ops|op|park|wait|sub|topology|resolve
+                                    |node|tls)|cluster|sentinel)$/x;
+        my $http = sub { $_[0] !~ /^(?:redis.*|cluster|sentinel|slot
+                                       |record|key)$/x };
+        my @bad;
+        my $cycles = 0;
+        for (split /\n/, $graph) {
+            $cycles = 1 if /^cycles over calls and includes:/;
+            if (!$cycles && /^(\S+) -> (\S+)  .*\bcalls (.*)$/) {
+                my ($from, $to, $what) = ($1, $2, $3);
+                push @bad, "$from calls $to: $what"
+                    if $http->($from) && $to =~ $lower;
+            }
+            if ($cycles && /^  among (.*): /) {
+                my @in = grep { $http->($_) } split " ", $1;
+                push @bad, "a cycle among $1" if @in;
+            }
+        }
+        for my $f (sort glob("$dir/*.[ch]")) {
+            (my $base = $f) =~ s{^.*/}{};
+            (my $n = $base) =~ s{^ngx_http_idempotency_(\w+)\.[ch]$}{$1};
+            open my $in, "<", $f or die "$f: $!\n";
+            while (<$in>) {
+                next if !/^\s*#\s*include\s*"ngx_http_idempotency_(\w+)\.h"/;
+                my $h = $1;
+                push @bad, "$base includes ngx_http_idempotency_$h.h"
+                    if $http->($n) && $h =~ $lower;
+            }
+            push @bad, "$base has $. lines, over 1,250"
+                if $base =~ /\.c$/ && $. > 1250;
+            close $in;
+        }
+        print map { "  $_\n" } @bad;
+    ' "$dir" "$graph")
+    [ -z "$bad" ] || die "the layers do not hold (scripts/callgraph.sh):"$'\n'"$bad"
+    echo "build: no cycle on the HTTP side, nothing below the records layer" \
+         "called or included from it, no src/*.c over 1,250 lines"
+}
+
 # The packaged tree is byte-for-byte what dpkg installed, with nothing added.
 check_src() {
     check_includes
+    check_layers
     pkg=$(dpkg-query -S "$NGINX_SRC/configure" 2>/dev/null | cut -d: -f1) \
         || die "$NGINX_SRC is not from a Debian package; nothing to compare with"
     changed=$(dpkg --verify "$pkg" | grep " $NGINX_SRC/" || true)
@@ -176,5 +233,6 @@ case ${1:-} in
     check-load) check_load ;;
     check-src)  check_src ;;
     check-includes) check_includes ;;
-    *)          die "usage: $0 signature|configure|module|check-load|check-src|check-includes" ;;
+    check-layers) check_layers "${2:-}" ;;
+    *)          die "usage: $0 signature|configure|module|check-load|check-src|check-includes|check-layers [DIR]" ;;
 esac

@@ -7,8 +7,8 @@
 # .c files, one a line, the files named without the ngx_http_idempotency_
 # prefix and the .c (and the functions without the prefix):
 #
-#   body -> claim  calls get_ctx
-#   body -> module  includes ngx_http_idempotency_module.h
+#   body -> ctx  includes ngx_http_idempotency_ctx.h; calls get_ctx
+#   body -> stats  includes ngx_http_idempotency_stats.h; calls key_hash
 #
 # "calls": the file names (calls, or takes the address of) a function that
 # the other file defines without "static".  "includes": the file includes

@@ -5,7 +5,10 @@
  * HTTP side; uses the records layer (inspect and purge scripts).
  */
 
-#include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_admin.h"
+#include "ngx_http_idempotency_conf.h"
+#include "ngx_http_idempotency_problem.h"
+#include "ngx_http_idempotency_redis.h"
 #include "ngx_http_idempotency_key.h"
 #include "ngx_http_idempotency_cache.h"
 #include "ngx_http_idempotency_record.h"
@@ -643,7 +646,7 @@ ngx_http_idempotency_admin_cleanup(void *data)
     ngx_http_idempotency_admin_ctx_t *ctx = data;
 
     if (ctx->op) {
-        ngx_http_idempotency_redis_cancel(ctx->op);
+        ngx_http_idempotency_redis_forget(ctx->op);
         ctx->op = NULL;
     }
 }

@@ -7,6 +7,7 @@
 
 #include "ngx_http_idempotency_body.h"
 #include "ngx_http_idempotency_ctx.h"
+#include "ngx_http_idempotency_redis.h"
 #include "ngx_http_idempotency_stats.h"
 
 #include <stdlib.h>
@@ -518,7 +519,7 @@ ngx_http_idempotency_stream_cleanup(void *data)
     ngx_http_idempotency_stream_t *s = data;
 
     /* a reply still due finds no handler */
-    ngx_http_idempotency_redis_cancel(s->op);
+    ngx_http_idempotency_redis_forget(s->op);
     s->op = NULL;
 
     if (s->mem[0]) {

@@ -19,7 +19,7 @@
 #include <ngx_core.h>
 #include <ngx_http.h>
 
-#include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_conf.h"
 #include "ngx_http_idempotency_cache.h"
 #include "ngx_http_idempotency_cache_zone.h"
 #include "ngx_http_idempotency_record.h"

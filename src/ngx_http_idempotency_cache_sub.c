@@ -1,10 +1,10 @@
 /*
  * The replay cache's purge listener: worker 0 subscribes to
- * "<prefix>purge" of each idempotency_redis (redis_sub.c) and removes the
- * entries other nodes purge; at a reload the old worker 0 hands over to
- * the new one; the zone keeps who listens, so that purges missed while
- * no one did make every entry older than the zone's epoch.  HTTP side,
- * beside ngx_http_idempotency_cache.c.
+ * "<prefix>purge" of each idempotency_redis (through the records layer)
+ * and removes the entries other nodes purge; at a reload the old worker 0
+ * hands over to the new one; the zone keeps who listens, so that purges
+ * missed while no one did make every entry older than the zone's epoch.
+ * HTTP side, beside ngx_http_idempotency_cache.c.
  */
 
 #include <ngx_config.h>
@@ -13,7 +13,7 @@
 
 #include "ngx_http_idempotency_cache.h"
 #include "ngx_http_idempotency_cache_zone.h"
-#include "ngx_http_idempotency_redis_sub.h"
+#include "ngx_http_idempotency_redis.h"
 
 
 static void ngx_http_idempotency_cache_sub_handler(void *data,
@@ -105,7 +105,7 @@ ngx_http_idempotency_cache_init_process(ngx_cycle_t *cycle,
         channel->len = ngx_sprintf(p, "%Vpurge", &rcfp[i]->prefix) - p;
 
         ngx_http_idempotency_cache_subs[ngx_http_idempotency_cache_nsubs++]
-            = ngx_http_idempotency_redis_sub_start(rcfp[i], channel,
+            = ngx_http_idempotency_redis_subscribe(rcfp[i], channel,
                                        ngx_http_idempotency_cache_sub_handler,
                                        rcfp[i], cycle->pool, cycle->log);
     }
@@ -159,7 +159,7 @@ ngx_http_idempotency_cache_exit_process(ngx_cycle_t *cycle)
     }
 
     for (i = 0; i < ngx_http_idempotency_cache_nsubs; i++) {
-        ngx_http_idempotency_redis_sub_exit(
+        ngx_http_idempotency_redis_unsubscribe(
                                          ngx_http_idempotency_cache_subs[i]);
     }
 

@@ -7,6 +7,7 @@
 #include "ngx_http_idempotency_capture.h"
 #include "ngx_http_idempotency_ctx.h"
 #include "ngx_http_idempotency_record.h"
+#include "ngx_http_idempotency_redis.h"
 #include "ngx_http_idempotency_stats.h"
 
 

@@ -8,7 +8,11 @@
 #define _NGX_HTTP_IDEMPOTENCY_CAPTURE_H_INCLUDED_
 
 
-#include "ngx_http_idempotency_module.h"
+#include <ngx_config.h>
+#include <ngx_core.h>
+#include <ngx_http.h>
+
+#include "ngx_http_idempotency_ctx.h"
 
 
 /* allocates ctx->record and writes the header lines into it */

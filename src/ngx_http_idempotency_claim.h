@@ -1,5 +1,6 @@
 /*
- * The claim's life cycle: claim, renew, settle (store, release or hold).
+ * The claim's life cycle (ngx_http_idempotency_claim.c): claim, run and
+ * renew; its end is ngx_http_idempotency_settle.h.
  */
 
 #ifndef _NGX_HTTP_IDEMPOTENCY_CLAIM_H_INCLUDED_
@@ -9,9 +10,8 @@
 #include "ngx_http_idempotency_ctx.h"
 
 
-/* duplicates of this worker waiting for a timer now (idempotency_wait) */
-extern ngx_uint_t  ngx_http_idempotency_waiters;
-
+/* at worker start: the random part of this worker's owner tokens */
+ngx_int_t ngx_http_idempotency_claim_init_process(ngx_cycle_t *cycle);
 
 /*
  * The request's pool goes (the context's cleanup): a pending Redis op is
@@ -33,20 +33,6 @@ void ngx_http_idempotency_claim_won(ngx_http_request_t *r,
 /* a claimed request in a new location (internal redirect) */
 void ngx_http_idempotency_claim_redirected(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx);
-
-/*
- * At the response header: whether the claim is released (status policy,
- * error_page after the claim) or held (upstream failed after it got the
- * request); sets ctx->release or ctx->hold.
- */
-void ngx_http_idempotency_claim_judge(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx);
-
-/*
- * Ends the claim once: store, release or hold, from what ctx says.
- * NGX_OK: a Redis step was sent, whose reply settle_wait() can wait for.
- */
-ngx_int_t ngx_http_idempotency_settle(ngx_http_idempotency_ctx_t *ctx);
 
 
 #endif /* _NGX_HTTP_IDEMPOTENCY_CLAIM_H_INCLUDED_ */

@@ -8,7 +8,20 @@
 #define _NGX_HTTP_IDEMPOTENCY_CTX_H_INCLUDED_
 
 
-#include "ngx_http_idempotency_module.h"
+#include <ngx_config.h>
+#include <ngx_core.h>
+#include <ngx_http.h>
+
+#include "ngx_http_idempotency_conf.h"
+
+
+/* owner token: hex of a per-worker random seed, the pid and a counter */
+#define NGX_HTTP_IDEMPOTENCY_OWNER_LEN           40
+
+/* "idem1 inflight <fp> <owner> <created> 000\r\n\r\n" */
+#define NGX_HTTP_IDEMPOTENCY_INFLIGHT_MAX                                     \
+    (sizeof("idem1 inflight    000\r\n\r\n") - 1 + 64                       \
+     + NGX_HTTP_IDEMPOTENCY_OWNER_LEN + NGX_INT64_LEN)
 
 
 /* where a request is in the claim/replay/record life cycle */
@@ -23,6 +36,8 @@ typedef enum {
     NGX_HTTP_IDEMPOTENCY_STATE_DONE        /* not taking part */
 } ngx_http_idempotency_state_e;
 
+
+typedef struct ngx_http_idempotency_ctx_s  ngx_http_idempotency_ctx_t;
 
 struct ngx_http_idempotency_ctx_s {
     ngx_http_request_t                  *request;
@@ -141,9 +156,6 @@ ngx_http_idempotency_ctx_t *ngx_http_idempotency_ctx_create(
 /* the request's context, after internal redirects too; NULL: none */
 ngx_http_idempotency_ctx_t *ngx_http_idempotency_get_ctx(
     ngx_http_request_t *r);
-
-/* a new owner token in ctx->owner (ngx_http_idempotency_handler.c) */
-void ngx_http_idempotency_owner(ngx_http_idempotency_ctx_t *ctx);
 
 
 #endif /* _NGX_HTTP_IDEMPOTENCY_CTX_H_INCLUDED_ */

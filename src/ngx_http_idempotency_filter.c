@@ -1,12 +1,13 @@
 /*
  * The filters of a claimed request's response: it goes into its record
  * (ngx_http_idempotency_capture.c) as it streams to the client, and the
- * claim is settled (ngx_http_idempotency_claim.c) when the response ends.
+ * claim is settled (ngx_http_idempotency_settle.c) when the response ends.
  * HTTP side; uses no Redis layer itself.
  */
 
-#include "ngx_http_idempotency_claim.h"
+#include "ngx_http_idempotency_filter.h"
 #include "ngx_http_idempotency_hold.h"
+#include "ngx_http_idempotency_settle.h"
 #include "ngx_http_idempotency_capture.h"
 #include "ngx_http_idempotency_ctx.h"
 #include "ngx_http_idempotency_stats.h"

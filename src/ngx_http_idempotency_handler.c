@@ -5,27 +5,19 @@
  * the records layer.
  */
 
-#include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_handler.h"
+#include "ngx_http_idempotency_conf.h"
 #include "ngx_http_idempotency_body.h"
 #include "ngx_http_idempotency_claim.h"
 #include "ngx_http_idempotency_ctx.h"
 #include "ngx_http_idempotency_key.h"
+#include "ngx_http_idempotency_problem.h"
 #include "ngx_http_idempotency_record.h"
+#include "ngx_http_idempotency_redis.h"
 #include "ngx_http_idempotency_scope.h"
 #include "ngx_http_idempotency_stats.h"
+#include "ngx_http_idempotency_var.h"
 #include "ngx_http_idempotency_wait.h"
-
-#include <stdlib.h>
-
-#include <openssl/rand.h>
-
-
-/*
- * Per worker: the owner token's parts, see ngx_http_idempotency_owner()
- * (the fingerprint's SHA-256 is body.c's, the scope's scope.c's)
- */
-static u_char         ngx_http_idempotency_owner_seed[8];
-static uint64_t       ngx_http_idempotency_owner_count;
 
 
 static ngx_int_t ngx_http_idempotency_start(ngx_http_request_t *r,
@@ -47,37 +39,6 @@ static ngx_int_t ngx_http_idempotency_replay_header(ngx_http_request_t *r,
     ngx_http_idempotency_record_header_t *rh);
 static ngx_int_t ngx_http_idempotency_problem(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx, ngx_http_idempotency_outcome_e outcome);
-
-
-ngx_int_t
-ngx_http_idempotency_handler_init_process(ngx_cycle_t *cycle)
-{
-    if (ngx_process != NGX_PROCESS_WORKER
-        && ngx_process != NGX_PROCESS_SINGLE)
-    {
-        return NGX_OK;
-    }
-
-    if (RAND_bytes(ngx_http_idempotency_owner_seed,
-                   sizeof(ngx_http_idempotency_owner_seed))
-        != 1)
-    {
-        ngx_log_error(NGX_LOG_EMERG, cycle->log, 0,
-                      "idempotency: RAND_bytes() failed");
-        return NGX_ERROR;
-    }
-
-    ngx_http_idempotency_owner_count = 0;
-
-    return NGX_OK;
-}
-
-
-void
-ngx_http_idempotency_handler_exit_process(ngx_cycle_t *cycle)
-{
-    (void) cycle;
-}
 
 
 ngx_int_t
@@ -348,51 +309,6 @@ ngx_http_idempotency_body_handler(ngx_http_request_t *r)
 }
 
 
-/*
- * The owner token only has to differ from that of every other claim of the
- * same record, in any worker of any node, before and after restarts: the
- * store, release and renew steps act only while the record is still the
- * in-flight record with this token.  It is the hex of 8 random bytes drawn
- * once per worker (RAND_bytes at worker start), the worker's pid and a
- * 64-bit counter.  Within a worker the counter never repeats; two workers
- * (on any node, at any time) would need the same 64 random bits, about one
- * chance in 2^64 per pair, and then, on one node at one time, also the same
- * pid, which the kernel does not give to two live processes.  The random
- * bytes are drawn once, not per request: RAND_bytes costs more than the
- * rest of a HIT in the module.  Made by the first claim sent to Redis
- * (a replay from the node's cache needs none).
- */
-
-void
-ngx_http_idempotency_owner(ngx_http_idempotency_ctx_t *ctx)
-{
-    u_char    *p;
-    uint32_t   pid;
-    uint64_t   n;
-    u_char     raw[8 + 4 + 8];
-    ngx_int_t  i;
-
-    pid = (uint32_t) ngx_pid;
-    n = ++ngx_http_idempotency_owner_count;
-
-    p = ngx_cpymem(raw, ngx_http_idempotency_owner_seed, 8);
-
-    for (i = 3; i >= 0; i--) {
-        p[i] = (u_char) (pid & 0xff);
-        pid >>= 8;
-    }
-
-    p += 4;
-
-    for (i = 7; i >= 0; i--) {
-        p[i] = (u_char) (n & 0xff);
-        n >>= 8;
-    }
-
-    ngx_hex_dump(ctx->owner, raw, sizeof(raw));
-}
-
-
 static ngx_int_t
 ngx_http_idempotency_decide(ngx_http_request_t *r,
     ngx_http_idempotency_ctx_t *ctx)
@@ -446,7 +362,10 @@ ngx_http_idempotency_conflict(ngx_http_request_t *r,
 {
     /* with idempotency_wait, wait for the first one's outcome (wait.c) */
 
-    if (ngx_http_idempotency_wait_start(r, ctx) == NGX_AGAIN) {
+    if (ngx_http_idempotency_wait_start(r, ctx,
+                                        ngx_http_idempotency_claim_send)
+        == NGX_AGAIN)
+    {
         return NGX_AGAIN;
     }
 

@@ -1,7 +1,7 @@
 /*
  * Read-after-complete: a response's last buffers held until the reply to
  * its claim's settle step (store or release).  HTTP side; uses no Redis
- * layer (it hears the reply from the claim, ngx_http_idempotency_claim.c).
+ * layer (it hears the reply from ngx_http_idempotency_settle.c).
  */
 
 #include <ngx_config.h>

@@ -7,7 +7,16 @@
 #define _NGX_HTTP_IDEMPOTENCY_HOLD_H_INCLUDED_
 
 
-#include "ngx_http_idempotency_module.h"
+#include <ngx_config.h>
+#include <ngx_core.h>
+#include <ngx_http.h>
+
+#include "ngx_http_idempotency_ctx.h"
+#include "ngx_http_idempotency_redis.h"
+
+
+/* r->buffered while the last buffer waits for Redis (read-after-complete) */
+#define NGX_HTTP_IDEMPOTENCY_BUFFERED            0x08
 
 
 /* holds the response's last buffers until that reply: NGX_AGAIN */

@@ -5,11 +5,19 @@
  */
 
 #include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_redis.h"
 #include "ngx_http_idempotency_redis_directive.h"
+#include "ngx_http_idempotency_admin.h"
 #include "ngx_http_idempotency_body.h"
 #include "ngx_http_idempotency_cache.h"
-#include "ngx_http_idempotency_stats.h"
+#include "ngx_http_idempotency_claim.h"
+#include "ngx_http_idempotency_filter.h"
+#include "ngx_http_idempotency_handler.h"
+#include "ngx_http_idempotency_problem.h"
 #include "ngx_http_idempotency_scope.h"
+#include "ngx_http_idempotency_stats.h"
+#include "ngx_http_idempotency_status.h"
+#include "ngx_http_idempotency_var.h"
 #include "ngx_http_idempotency_wait.h"
 
 
@@ -578,7 +586,7 @@ ngx_http_idempotency_init_process(ngx_cycle_t *cycle)
     ngx_http_idempotency_main_conf_t  *imcf;
 
     ngx_http_idempotency_stats_init_process(cycle);
-    if (ngx_http_idempotency_handler_init_process(cycle) != NGX_OK) {
+    if (ngx_http_idempotency_claim_init_process(cycle) != NGX_OK) {
         return NGX_ERROR;
     }
 
@@ -623,7 +631,6 @@ ngx_http_idempotency_exit_process(ngx_cycle_t *cycle)
     ngx_http_idempotency_wait_exit_process(cycle);
     ngx_http_idempotency_redis_exit_process(cycle,
                                             imcf ? &imcf->redis : NULL);
-    ngx_http_idempotency_handler_exit_process(cycle);
     ngx_http_idempotency_scope_exit_process(cycle);
     ngx_http_idempotency_body_exit_process(cycle);
 }

@@ -4,7 +4,11 @@
  * HTTP side; uses no Redis layer.
  */
 
-#include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_problem.h"
+
+
+/* no NGX_HTTP_ constant in nginx */
+#define NGX_HTTP_IDEMPOTENCY_UNPROCESSABLE       422
 
 
 typedef struct {

@@ -1078,3 +1078,39 @@ ngx_http_idempotency_redis_fetch_reply(void *data, redisReply *reply,
     }
 }
 
+
+/*
+ * The ops layer's cancel, subscriptions and connection list, for the HTTP
+ * side, which calls and includes nothing below this layer.
+ */
+
+void
+ngx_http_idempotency_redis_forget(ngx_http_idempotency_redis_op_t *op)
+{
+    ngx_http_idempotency_redis_cancel(op);
+}
+
+
+ngx_http_idempotency_redis_sub_t *
+ngx_http_idempotency_redis_subscribe(ngx_http_idempotency_redis_conf_t *rcf,
+    ngx_str_t *channel, ngx_http_idempotency_redis_sub_pt handler, void *data,
+    ngx_pool_t *pool, ngx_log_t *log)
+{
+    return ngx_http_idempotency_redis_sub_start(rcf, channel, handler, data,
+                                                pool, log);
+}
+
+
+void
+ngx_http_idempotency_redis_unsubscribe(ngx_http_idempotency_redis_sub_t *sub)
+{
+    ngx_http_idempotency_redis_sub_exit(sub);
+}
+
+
+ngx_uint_t
+ngx_http_idempotency_redis_conns(ngx_array_t *redis,
+    ngx_http_idempotency_redis_conn_t *out, ngx_uint_t n)
+{
+    return ngx_http_idempotency_redis_connections(redis, out, n);
+}

@@ -1,8 +1,9 @@
 /*
  * The records layer: the module's commands in record terms (claim, store
  * whole or split, release, renew, inspect, purge, fetch a split body), the
- * Lua scripts and the chunk keys.  What the HTTP side calls; built on the
- * ops layer (ngx_http_idempotency_redis_ops.h) and the layers below it.
+ * Lua scripts and the chunk keys.  What the HTTP side calls, and the only
+ * Redis header it includes (its types are the ops layer's, from the
+ * headers included here); built on the ops layer and the layers below it.
  */
 
 #ifndef _NGX_HTTP_IDEMPOTENCY_REDIS_H_INCLUDED_
@@ -14,6 +15,7 @@
 #include <ngx_http.h>
 
 #include "ngx_http_idempotency_redis_ops.h"
+#include "ngx_http_idempotency_redis_sub.h"
 
 
 typedef enum {
@@ -109,6 +111,15 @@ ngx_http_idempotency_redis_op_t *ngx_http_idempotency_redis_script_retry(
     ngx_http_idempotency_redis_pt handler, void *data, ngx_log_t *log);
 
 /*
+ * The reply to a command of these functions (script, script_retry, purge,
+ * the fetch's op in *f->opp) is not wanted any more: its request goes.
+ * Its handler is not called; a command already sent still runs in Redis,
+ * which the fences make harmless.  Only while the handler has not been
+ * called.
+ */
+void ngx_http_idempotency_redis_forget(ngx_http_idempotency_redis_op_t *op);
+
+/*
  * The settle step's STORE (args and the rest as for script_retry with
  * NGX_HTTP_IDEMPOTENCY_SCRIPT_STORE).  args[1], the complete record, lies
  * in *memp, a block of "pool" from ngx_pnalloc(): when the record is split
@@ -135,7 +146,7 @@ ngx_int_t ngx_http_idempotency_redis_store(
  * on the bulk connection when it is up.  key.data has room for
  * NGX_SIZE_T_LEN + 1 more bytes (the chunk's number); rkey is the record's
  * key, which the log names (as the other lines of the same replay do).
- * *opp is always the op in progress, for ngx_http_idempotency_redis_cancel;
+ * *opp is always the op in progress, for ngx_http_idempotency_redis_forget;
  * the handler is called once, unless cancelled, with
  * NGX_HTTP_IDEMPOTENCY_REDIS_OK when all of it is in buf.  NGX_ERROR: no
  * command could be sent, nothing will be called.
@@ -197,6 +208,30 @@ ngx_int_t ngx_http_idempotency_redis_body_key(
 ngx_int_t ngx_http_idempotency_redis_slot_key(
     ngx_http_idempotency_redis_conf_t *rcf, ngx_str_t *key,
     const u_char *name, size_t name_len, ngx_str_t *out);
+
+/*
+ * What the scripts publish, heard for as long as the worker lives:
+ * "<prefix>done" (wake.lua: a marked record was stored or released) and
+ * "<prefix>purge" (purge.lua: a record was removed), each on a connection
+ * of its own (ngx_http_idempotency_redis_sub.h: the handler hears every
+ * message, and when the subscription is lost and made again).  NULL: out
+ * of memory.  unsubscribe() at worker exit.
+ */
+ngx_http_idempotency_redis_sub_t *ngx_http_idempotency_redis_subscribe(
+    ngx_http_idempotency_redis_conf_t *rcf, ngx_str_t *channel,
+    ngx_http_idempotency_redis_sub_pt handler, void *data, ngx_pool_t *pool,
+    ngx_log_t *log);
+void ngx_http_idempotency_redis_unsubscribe(
+    ngx_http_idempotency_redis_sub_t *sub);
+
+/*
+ * For idempotency_status: this worker's connections to the Redis servers
+ * of "redis" (an array of ngx_http_idempotency_redis_conf_t *; Redis
+ * Cluster nodes are not among them), up to n into out; returns how many
+ * there are.
+ */
+ngx_uint_t ngx_http_idempotency_redis_conns(ngx_array_t *redis,
+    ngx_http_idempotency_redis_conn_t *out, ngx_uint_t n);
 
 
 #endif /* _NGX_HTTP_IDEMPOTENCY_REDIS_H_INCLUDED_ */

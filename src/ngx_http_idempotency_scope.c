@@ -37,7 +37,7 @@ static ngx_http_idempotency_scope_waiters_t *
     ngx_http_idempotency_scope_slot(uint64_t id, ngx_uint_t add);
 
 
-/* per worker, as the handler's: see ngx_http_idempotency_handler.c */
+/* per worker, as the fingerprint's: see ngx_http_idempotency_body.c */
 static const EVP_MD  *ngx_http_idempotency_scope_md;
 #if (OPENSSL_VERSION_NUMBER >= 0x30000000L)
 static EVP_MD        *ngx_http_idempotency_scope_md_fetched;

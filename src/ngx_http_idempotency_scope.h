@@ -12,7 +12,7 @@
 #include <ngx_core.h>
 #include <ngx_http.h>
 
-#include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_conf.h"
 
 
 /* hex digits of a scope hash */
@@ -23,6 +23,9 @@
 
 /* the largest secret file read */
 #define NGX_HTTP_IDEMPOTENCY_SCOPE_SECRET_MAX   4096
+
+/* duplicates waiting at once in one worker (idempotency_wait) */
+#define NGX_HTTP_IDEMPOTENCY_MAX_WAITERS         1024
 
 /* duplicates of one scope waiting at once in one worker */
 #define NGX_HTTP_IDEMPOTENCY_MAX_SCOPE_WAITERS  64

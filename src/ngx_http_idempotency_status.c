@@ -1,10 +1,13 @@
 /*
  * The "idempotency_status" location: the shared counters as JSON or in the
- * Prometheus text exposition format 0.0.4.  HTTP side; uses the ops
+ * Prometheus text exposition format 0.0.4.  HTTP side; uses the records
  * layer's view of this worker's connections.
  */
 
-#include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_status.h"
+#include "ngx_http_idempotency_conf.h"
+#include "ngx_http_idempotency_problem.h"
+#include "ngx_http_idempotency_redis.h"
 #include "ngx_http_idempotency_cache.h"
 #include "ngx_http_idempotency_stats.h"
 #include "ngx_http_idempotency_version.h"
@@ -324,7 +327,7 @@ ngx_http_idempotency_status_handler(ngx_http_request_t *r)
     imcf = ngx_http_cycle_get_module_main_conf(ngx_cycle,
                                                ngx_http_idempotency_module);
     redis = imcf ? &imcf->redis : NULL;
-    nconns = ngx_http_idempotency_redis_connections(redis, NULL, 0);
+    nconns = ngx_http_idempotency_redis_conns(redis, NULL, 0);
 
     if (nconns) {
         conns = ngx_palloc(r->pool,
@@ -334,8 +337,8 @@ ngx_http_idempotency_status_handler(ngx_http_request_t *r)
         }
 
         nconns = ngx_min(nconns,
-                         ngx_http_idempotency_redis_connections(redis, conns,
-                                                                nconns));
+                         ngx_http_idempotency_redis_conns(redis, conns,
+                                                          nconns));
         size += 2048;
 
         for (i = 0; i < nconns; i++) {

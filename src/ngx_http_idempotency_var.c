@@ -3,7 +3,7 @@
  * in the log phase, from the same value.  HTTP side; uses no Redis layer.
  */
 
-#include "ngx_http_idempotency_module.h"
+#include "ngx_http_idempotency_var.h"
 #include "ngx_http_idempotency_ctx.h"
 #include "ngx_http_idempotency_cache.h"
 #include "ngx_http_idempotency_stats.h"

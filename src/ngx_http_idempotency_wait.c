@@ -9,14 +9,14 @@
  * again and so find the replay (or the released claim).  A slow poll
  * stays as the fallback for a message lost (a listener reconnecting, a
  * failover); while no listener is up, waiters poll as they always did.
- * HTTP side, beside ngx_http_idempotency_handler.c.
+ * HTTP side, below the claim: the claim's settle step tells it of a store
+ * or release, and a woken waiter claims again through the function the
+ * handler gave it (ngx_http_idempotency_wait_start()), not by name.
  */
 
-#include "ngx_http_idempotency_module.h"
-#include "ngx_http_idempotency_claim.h"
+#include "ngx_http_idempotency_conf.h"
 #include "ngx_http_idempotency_ctx.h"
 #include "ngx_http_idempotency_redis.h"
-#include "ngx_http_idempotency_redis_sub.h"
 #include "ngx_http_idempotency_scope.h"
 #include "ngx_http_idempotency_stats.h"
 #include "ngx_http_idempotency_wait.h"
@@ -61,6 +61,7 @@ typedef struct ngx_http_idempotency_waiter_s  ngx_http_idempotency_waiter_t;
 struct ngx_http_idempotency_waiter_s {
     ngx_queue_t                queue;
     ngx_http_idempotency_ctx_t *ctx;
+    ngx_http_idempotency_wait_pt again;  /* claims again when woken */
     ngx_str_t                  mark;     /* its key; empty: none */
     u_char                     hash[NGX_HTTP_IDEMPOTENCY_WAIT_HASH];
     unsigned                   queued:1;
@@ -104,6 +105,9 @@ static ngx_str_t  ngx_http_idempotency_wait_zone_name =
 /* this worker's view of the zone (NULL: no location waits) */
 static ngx_slab_pool_t                  *ngx_http_idempotency_wait_shpool;
 static ngx_http_idempotency_wait_sh_t   *ngx_http_idempotency_wait_sh;
+
+/* duplicates of this worker waiting for a timer now */
+static ngx_uint_t                        ngx_http_idempotency_waiters;
 
 /* this worker's waiters, its place in the ring, and the timer reading it */
 static ngx_queue_t                       ngx_http_idempotency_wait_queue;
@@ -300,7 +304,7 @@ ngx_http_idempotency_wait_init_process(ngx_cycle_t *cycle,
         channel->len = ngx_sprintf(p, "%Vdone", &rcfp[i]->prefix) - p;
 
         ngx_http_idempotency_wait_subs[ngx_http_idempotency_wait_nsubs++]
-            = ngx_http_idempotency_redis_sub_start(rcfp[i], channel,
+            = ngx_http_idempotency_redis_subscribe(rcfp[i], channel,
                                        ngx_http_idempotency_wait_sub_handler,
                                        redis, cycle->pool, cycle->log);
     }
@@ -344,7 +348,8 @@ ngx_http_idempotency_wait_exit_process(ngx_cycle_t *cycle)
     }
 
     for (i = 0; i < ngx_http_idempotency_wait_nsubs; i++) {
-        ngx_http_idempotency_redis_sub_exit(ngx_http_idempotency_wait_subs[i]);
+        ngx_http_idempotency_redis_unsubscribe(
+                                          ngx_http_idempotency_wait_subs[i]);
     }
 
     ngx_http_idempotency_wait_nsubs = 0;
@@ -393,7 +398,7 @@ ngx_http_idempotency_wait_listened(void)
 
 ngx_int_t
 ngx_http_idempotency_wait_start(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx)
+    ngx_http_idempotency_ctx_t *ctx, ngx_http_idempotency_wait_pt again)
 {
     size_t                              len;
     ngx_uint_t                          how;
@@ -473,6 +478,8 @@ ngx_http_idempotency_wait_start(ngx_http_request_t *r,
 
         ctx->waiter = w;
     }
+
+    w->again = again;
 
     /*
      * A listener up and a mark possible: the first time, mark and claim
@@ -575,7 +582,7 @@ ngx_http_idempotency_wait_handler(ngx_event_t *ev)
         ngx_http_idempotency_wait_mark(ctx, w);
     }
 
-    ngx_http_idempotency_claim_send(ctx->request, ctx);
+    w->again(ctx->request, ctx);
 }
 
 

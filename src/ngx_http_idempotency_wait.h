@@ -2,18 +2,28 @@
  * Waiting duplicates (idempotency_wait): how a request that found its key
  * in flight waits for the first one's outcome, woken by a notification
  * from the node's listener, or by its slow poll as the fallback.  HTTP
- * side, beside ngx_http_idempotency_handler.c.
+ * side, below the claim (ngx_http_idempotency_claim.c and _settle.c),
+ * which tells it of every store and release.
  */
 
 #ifndef _NGX_HTTP_IDEMPOTENCY_WAIT_H_INCLUDED_
 #define _NGX_HTTP_IDEMPOTENCY_WAIT_H_INCLUDED_
 
 
-#include "ngx_http_idempotency_module.h"
+#include <ngx_config.h>
+#include <ngx_core.h>
+#include <ngx_http.h>
+
+#include "ngx_http_idempotency_ctx.h"
 
 
 /* the fallback poll of a waiter that a notification would wake, default */
 #define NGX_HTTP_IDEMPOTENCY_WAIT_POLL  1000
+
+
+/* what a woken waiter does: claim again (ngx_http_idempotency_claim_send) */
+typedef void (*ngx_http_idempotency_wait_pt)(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx);
 
 
 /* "idempotency_wait TIME [poll=TIME]" */
@@ -26,12 +36,12 @@ ngx_int_t ngx_http_idempotency_wait_init_process(ngx_cycle_t *cycle,
 void ngx_http_idempotency_wait_exit_process(ngx_cycle_t *cycle);
 
 /*
- * The claim found the record in flight: NGX_AGAIN, the request waits (the
- * claim is sent again when it is woken); NGX_DECLINED, it gets 409 now
- * (no idempotency_wait, its time is over, or too many wait already).
+ * The claim found the record in flight: NGX_AGAIN, the request waits
+ * ("again" is called when it is woken); NGX_DECLINED, it gets 409 now (no
+ * idempotency_wait, its time is over, or too many wait already).
  */
 ngx_int_t ngx_http_idempotency_wait_start(ngx_http_request_t *r,
-    ngx_http_idempotency_ctx_t *ctx);
+    ngx_http_idempotency_ctx_t *ctx, ngx_http_idempotency_wait_pt again);
 
 /* a claim's reply is in: counts what woke a waiter that found the outcome */
 void ngx_http_idempotency_wait_decided(ngx_http_idempotency_ctx_t *ctx);
