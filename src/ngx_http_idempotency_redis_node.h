@@ -145,6 +145,8 @@ struct ngx_http_idempotency_redis_node_s {
     ngx_uint_t                           waits;    /* WAITs not answered */
     uint64_t                             wait_seq; /* the last one's place */
     unsigned                             wait_due:1; /* writes since */
+    u_char                               wait_cmd[64]; /* the WAIT, formatted */
+    size_t                               wait_cmd_len;
     u_char                               policy[24];
     size_t                               policy_len;
 
