@@ -231,6 +231,14 @@ void ngx_http_idempotency_redis_node_lost(
 void ngx_http_idempotency_redis_node_extend(
     ngx_http_idempotency_redis_node_t *node, ngx_msec_t extra);
 
+/*
+ * What is queued goes out at the end of this pass of the event loop
+ * rather than after the next one (a command whose latency matters more
+ * than sharing a write)
+ */
+void ngx_http_idempotency_redis_node_flush(
+    ngx_http_idempotency_redis_node_t *node);
+
 /* the topology moved keys away from the node: the ops layer hears it */
 void ngx_http_idempotency_redis_node_moved(
     ngx_http_idempotency_redis_node_t *node);

@@ -197,6 +197,13 @@ ngx_http_idempotency_redis_wait_send(ngx_http_idempotency_redis_node_t *node)
     w->start = ngx_http_idempotency_stat_wait_start();
     node->waits++;
 
+    /*
+     * Redis holds every later command of the connection until the WAIT
+     * answers: it leaves now, not after the next pass of the event loop
+     */
+
+    ngx_http_idempotency_redis_node_flush(node);
+
     ngx_log_debug2(NGX_LOG_DEBUG_HTTP, node->log, 0,
                    "idempotency redis: \"%V\" WAIT queued, %ui waiting",
                    &node->name, node->waits);
