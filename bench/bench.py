@@ -1186,16 +1186,18 @@ class Bench:
 
     # --- --paired: each target ratio from alternating slices
     def paired(self):
-        """For each target whose two scenarios are both chosen and are
-        answered from memory or Redis ("cycle"), both fronts up at once and
-        N pairs of slices of --duration, one of each, in alternating order:
-        the machine's drift between rounds (req/s moved by up to a third
-        here) falls on both sides of each pair alike."""
+        """For each target whose two scenarios are both chosen and send
+        their keys alike (both replay stored keys, "cycle", or both a new
+        key per request, "unique", then fresh keys each slice), both
+        fronts up at once and N pairs of slices of --duration, one of
+        each, in alternating order: the machine's drift between rounds
+        (req/s moved by up to a third here) falls on both sides of each
+        pair alike."""
         o = self.o
         pairs = [(label, a, b, tmin) for label, a, b, tmin in TARGETS
                  if tmin is not None and a in o.scenarios
-                 and b in o.scenarios and SCENARIOS[a][1] == "cycle"
-                 and SCENARIOS[b][1] == "cycle"]
+                 and b in o.scenarios
+                 and SCENARIOS[a][1] == SCENARIOS[b][1]]
         if not pairs:
             return
         log("paired slices: %d pairs of %gs" % (o.paired, o.duration))
@@ -1214,21 +1216,26 @@ class Bench:
                         continue
                     ng, port = fronts[SCENARIOS[name][0]]
                     path = PATHS.get(name, "/orders")
+                    mode = SCENARIOS[name][1]
                     runid = "paired-%s-%d" % (name, random.randrange(1 << 30))
-                    prepare(name, port, path, runid, o.keys)
+                    if mode == "cycle":
+                        prepare(name, port, path, runid, o.keys)
                     if o.warmup > 0:
-                        run_wrk(o, port, "cycle", runid, o.warmup, path,
+                        run_wrk(o, port, mode, runid + "-w", o.warmup, path,
                                 o.keys)
-                    setup[name] = (ng, port, path, runid)
+                    setup[name] = (ng, port, path, runid, mode)
             for label, a, b, tmin in pairs:
                 rows = []
                 for i in range(o.paired):
                     wait_idle(o)
                     got = {}
                     for name in ((a, b) if i % 2 else (b, a)):
-                        ng, port, path, runid = setup[name]
+                        ng, port, path, runid, mode = setup[name]
+                        if mode != "cycle":
+                            # a new key per request: fresh ones each slice
+                            runid = "%s-%d" % (runid, i)
                         store = self.store_of(SCENARIOS[name][0])
-                        got[name] = run_wrk(o, port, "cycle", runid,
+                        got[name] = run_wrk(o, port, mode, runid,
                                             o.duration, path, o.keys, 0,
                                             None, self.procs(ng, store))
                     ra, rb = got[a], got[b]

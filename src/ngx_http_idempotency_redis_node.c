@@ -942,6 +942,32 @@ ngx_http_idempotency_redis_node_extend(ngx_http_idempotency_redis_node_t *node,
 
 
 void
+ngx_http_idempotency_redis_node_flush(ngx_http_idempotency_redis_node_t *node)
+{
+    ngx_connection_t  *c;
+
+    if (node->ac == NULL || node->state != NGX_HTTP_IDEMPOTENCY_REDIS_READY) {
+        return;
+    }
+
+    c = node->ac->ev.data;
+
+    /*
+     * Only a write posted for the next pass (a full socket waits for its
+     * event): moved to this pass's posted events, so it is written once
+     * the handlers running now (hiredis' callbacks among them) are done
+     */
+
+    if (c == NULL || !c->write->posted) {
+        return;
+    }
+
+    ngx_delete_posted_event(c->write);
+    ngx_post_event(c->write, &ngx_posted_events);
+}
+
+
+void
 ngx_http_idempotency_redis_node_moved(ngx_http_idempotency_redis_node_t *node)
 {
     if (ngx_http_idempotency_redis_upcalls

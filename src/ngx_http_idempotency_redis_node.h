@@ -145,6 +145,8 @@ struct ngx_http_idempotency_redis_node_s {
     ngx_uint_t                           waits;    /* WAITs not answered */
     uint64_t                             wait_seq; /* the last one's place */
     unsigned                             wait_due:1; /* writes since */
+    u_char                               wait_cmd[64]; /* the WAIT, formatted */
+    size_t                               wait_cmd_len;
     u_char                               policy[24];
     size_t                               policy_len;
 
@@ -228,6 +230,14 @@ void ngx_http_idempotency_redis_node_lost(
  */
 void ngx_http_idempotency_redis_node_extend(
     ngx_http_idempotency_redis_node_t *node, ngx_msec_t extra);
+
+/*
+ * What is queued goes out at the end of this pass of the event loop
+ * rather than after the next one (a command whose latency matters more
+ * than sharing a write)
+ */
+void ngx_http_idempotency_redis_node_flush(
+    ngx_http_idempotency_redis_node_t *node);
 
 /* the topology moved keys away from the node: the ops layer hears it */
 void ngx_http_idempotency_redis_node_moved(

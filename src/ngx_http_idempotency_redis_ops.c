@@ -694,7 +694,11 @@ ngx_http_idempotency_redis_op_reply(redisAsyncContext *ac, void *r,
  * A large command goes on the bulk connection of its Redis, connected now
  * if it is not; with "ready", only if that connection can take it at once
  * (a plain command fails fast without a connection: it uses the first one
- * then).
+ * then).  With wait_replicas= a small one goes there too while a WAIT
+ * holds the first connection and none the bulk one: Redis reads nothing
+ * more of a connection whose WAIT waits, so the two take turns and a
+ * command (a replay among them) need not wait behind another pass's
+ * acknowledgement.
  */
 
 size_t
@@ -725,11 +729,22 @@ ngx_http_idempotency_redis_route(ngx_http_idempotency_redis_node_t *node,
         return node;
     }
 
+    bulk = node->conf->bulk;
+
     if (size < NGX_HTTP_IDEMPOTENCY_REDIS_BULK_MIN) {
+
+        if (node->waits
+            && bulk->waits == 0
+            && bulk->queued < NGX_HTTP_IDEMPOTENCY_REDIS_BULK_MIN
+            && !bulk->exiting
+            && bulk->state == NGX_HTTP_IDEMPOTENCY_REDIS_READY
+            && bulk->ac)
+        {
+            return bulk;
+        }
+
         return node;
     }
-
-    bulk = node->conf->bulk;
 
     if (bulk->exiting) {
         return node;

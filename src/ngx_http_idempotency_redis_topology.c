@@ -180,9 +180,16 @@ ngx_http_idempotency_redis_single_init(ngx_cycle_t *cycle,
         }
     }
 
-    /* eagerly: the first requests should find the connection up */
+    /*
+     * eagerly: the first requests should find the connection up; with
+     * wait_replicas= both, as small commands take turns on them
+     */
 
     ngx_http_idempotency_redis_node_connect(rcf->node);
+
+    if (rcf->wait) {
+        ngx_http_idempotency_redis_node_connect(rcf->bulk);
+    }
 
     return NGX_OK;
 }

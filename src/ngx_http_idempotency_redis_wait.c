@@ -39,6 +39,8 @@ typedef struct {
 static void ngx_http_idempotency_redis_wait_posted(ngx_event_t *ev);
 static void ngx_http_idempotency_redis_wait_send(
     ngx_http_idempotency_redis_node_t *node);
+static void ngx_http_idempotency_redis_wait_format(
+    ngx_http_idempotency_redis_node_t *node);
 static void ngx_http_idempotency_redis_wait_reply(redisAsyncContext *ac,
     void *r, void *privdata);
 static ngx_int_t ngx_http_idempotency_redis_wait_count(
@@ -153,11 +155,6 @@ ngx_http_idempotency_redis_wait_posted(ngx_event_t *ev)
 static void
 ngx_http_idempotency_redis_wait_send(ngx_http_idempotency_redis_node_t *node)
 {
-    int                                 argc;
-    u_char                             *p;
-    u_char                              n[NGX_INT_T_LEN], t[NGX_INT_T_LEN];
-    size_t                              argvlen[4];
-    const char                         *argv[4];
     redisAsyncContext                  *ac;
     ngx_http_idempotency_redis_wait_t  *w;
 
@@ -171,6 +168,10 @@ ngx_http_idempotency_redis_wait_send(ngx_http_idempotency_redis_node_t *node)
         return;
     }
 
+    if (node->wait_cmd_len == 0) {
+        ngx_http_idempotency_redis_wait_format(node);
+    }
+
     w = ngx_alloc(sizeof(ngx_http_idempotency_redis_wait_t), node->log);
     if (w == NULL) {
         ngx_http_idempotency_redis_node_drop(node, "WAIT failed",
@@ -182,29 +183,9 @@ ngx_http_idempotency_redis_wait_send(ngx_http_idempotency_redis_node_t *node)
     w->seq = node->queued_seq;
     node->wait_seq = w->seq;
 
-    argc = 0;
-
-    if (node->conf->wait_aof) {
-        argv[argc] = "WAITAOF";
-        argvlen[argc++] = sizeof("WAITAOF") - 1;
-        argv[argc] = "1";
-        argvlen[argc++] = 1;
-
-    } else {
-        argv[argc] = "WAIT";
-        argvlen[argc++] = sizeof("WAIT") - 1;
-    }
-
-    p = ngx_sprintf(n, "%ui", node->conf->wait_replicas);
-    argv[argc] = (const char *) n;
-    argvlen[argc++] = p - n;
-
-    p = ngx_sprintf(t, "%M", node->conf->wait_timeout);
-    argv[argc] = (const char *) t;
-    argvlen[argc++] = p - t;
-
-    if (redisAsyncCommandArgv(ac, ngx_http_idempotency_redis_wait_reply, w,
-                              argc, argv, argvlen)
+    if (redisAsyncFormattedCommand(ac, ngx_http_idempotency_redis_wait_reply,
+                                   w, (const char *) node->wait_cmd,
+                                   node->wait_cmd_len)
         != REDIS_OK)
     {
         ngx_free(w);
@@ -216,9 +197,48 @@ ngx_http_idempotency_redis_wait_send(ngx_http_idempotency_redis_node_t *node)
     w->start = ngx_http_idempotency_stat_wait_start();
     node->waits++;
 
+    /*
+     * Redis holds every later command of the connection until the WAIT
+     * answers: it leaves now, not after the next pass of the event loop
+     */
+
+    ngx_http_idempotency_redis_node_flush(node);
+
     ngx_log_debug2(NGX_LOG_DEBUG_HTTP, node->log, 0,
                    "idempotency redis: \"%V\" WAIT queued, %ui waiting",
                    &node->name, node->waits);
+}
+
+
+/*
+ * The node's WAIT (or WAITAOF 1) in Redis' wire format, written once: it
+ * never changes, and hiredis' own formatting of it per batch cost more
+ * than the rest of sending it
+ */
+
+static void
+ngx_http_idempotency_redis_wait_format(ngx_http_idempotency_redis_node_t *node)
+{
+    u_char  *p, *last, n[NGX_INT_T_LEN], t[NGX_INT_T_LEN];
+    size_t   nlen, tlen;
+
+    nlen = ngx_sprintf(n, "%ui", node->conf->wait_replicas) - n;
+    tlen = ngx_sprintf(t, "%M", node->conf->wait_timeout) - t;
+
+    p = node->wait_cmd;
+    last = p + sizeof(node->wait_cmd);
+
+    if (node->conf->wait_aof) {
+        p = ngx_slprintf(p, last, "*4\r\n$7\r\nWAITAOF\r\n$1\r\n1\r\n");
+
+    } else {
+        p = ngx_slprintf(p, last, "*3\r\n$4\r\nWAIT\r\n");
+    }
+
+    p = ngx_slprintf(p, last, "$%uz\r\n%*s\r\n$%uz\r\n%*s\r\n",
+                     nlen, nlen, n, tlen, tlen, t);
+
+    node->wait_cmd_len = p - node->wait_cmd;
 }
 
 
