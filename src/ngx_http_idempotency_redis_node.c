@@ -1,9 +1,9 @@
 /*
- * The connection layer: one Redis connection on nginx's event loop (the
- * hiredis <-> nginx event adapter, connect, the handshake as a list of
- * steps, back-off and reconnect, close).  Uses no other Redis layer: the
- * layers above are reached through the handlers they registered
- * (ngx_http_idempotency_redis_node.h).
+ * The connection layer: one Redis connection on nginx's event loop
+ * (connect, the handshake as a list of steps, back-off and reconnect,
+ * close; the hiredis <-> nginx event adapter is in redis_adapter.c).
+ * Uses no other Redis layer: the layers above are reached through the
+ * handlers they registered (ngx_http_idempotency_redis_node.h).
  */
 
 
@@ -14,23 +14,10 @@
 
 #include <hiredis/sds.h>
 
+#include "ngx_http_idempotency_redis_adapter.h"
 #include "ngx_http_idempotency_redis_node.h"
 #include "ngx_http_idempotency_redis_tls.h"
 #include "ngx_http_idempotency_stats.h"
-
-
-/*
- * The Redis fd is registered level-triggered.  hiredis reads at most 16 KiB
- * per redisAsyncHandleRead() call; with edge-triggered epoll the rest of a
- * large reply would raise no new event and stall.  Level-triggered, epoll
- * reports the fd again on the next loop iteration while bytes are pending:
- * no FIONREAD loop, no touching a context that the previous call may have
- * freed, and other connections get their turn between 16 KiB chunks (nginx
- * registers its listening sockets the same way).  hiredis removes write
- * interest as soon as its output buffer is empty, so this never spins.  Read
- * and write use the same flags: on epoll both share one registration.
- */
-#define NGX_HTTP_IDEMPOTENCY_REDIS_EVENT_FLAGS   NGX_LEVEL_EVENT
 
 
 static void ngx_http_idempotency_redis_connect(
@@ -65,21 +52,12 @@ static void ngx_http_idempotency_redis_step_reply(redisAsyncContext *ac,
 static void ngx_http_idempotency_redis_handshake_step(
     ngx_http_idempotency_redis_node_t *node);
 
-static void ngx_http_idempotency_redis_add_read(void *privdata);
-static void ngx_http_idempotency_redis_del_read(void *privdata);
-static void ngx_http_idempotency_redis_add_write(void *privdata);
-static void ngx_http_idempotency_redis_del_write(void *privdata);
-static void ngx_http_idempotency_redis_cleanup(void *privdata);
 static void ngx_http_idempotency_redis_read_handler(ngx_event_t *rev);
-static void ngx_http_idempotency_redis_write_handler(ngx_event_t *wev);
 static void ngx_http_idempotency_redis_node_write_handler(ngx_event_t *wev);
 static ngx_connection_t *ngx_http_idempotency_redis_node_attach(
     ngx_http_idempotency_redis_node_t *node, redisAsyncContext *ac,
     const char *host);
 
-
-/* the connection whose write handler runs: hiredis asking again means EAGAIN */
-static ngx_connection_t  *ngx_http_idempotency_redis_writing;
 
 /* the ops layer's handlers and every node's last handshake steps */
 static const ngx_http_idempotency_redis_upcalls_t
@@ -257,10 +235,6 @@ ngx_http_idempotency_redis_node_attach(ngx_http_idempotency_redis_node_t *node,
                            node->tls_session,
                            ngx_http_idempotency_redis_tls_save_session,
                            &node->name, node->failures > 0, node->log);
-        if (c) {
-            c->read->handler = ngx_http_idempotency_redis_read_handler;
-        }
-
     } else
 #endif
     {
@@ -270,6 +244,7 @@ ngx_http_idempotency_redis_node_attach(ngx_http_idempotency_redis_node_t *node,
     }
 
     if (c) {
+        c->read->handler = ngx_http_idempotency_redis_read_handler;
         c->write->handler = ngx_http_idempotency_redis_node_write_handler;
     }
 
@@ -978,173 +953,6 @@ ngx_http_idempotency_redis_node_moved(ngx_http_idempotency_redis_node_t *node)
 }
 
 
-ngx_connection_t *
-ngx_http_idempotency_redis_attach(redisAsyncContext *ac, ngx_log_t *log)
-{
-    ngx_connection_t  *c;
-
-    c = ngx_get_connection(ac->c.fd, log);
-    if (c == NULL) {
-        return NULL;
-    }
-
-    c->data = ac;
-    c->read->handler = ngx_http_idempotency_redis_read_handler;
-    c->write->handler = ngx_http_idempotency_redis_write_handler;
-    c->read->log = log;
-    c->write->log = log;
-    c->number = ngx_atomic_fetch_add(ngx_connection_counter, 1);
-
-    /* hooks first: setting the connect callback already asks for write */
-
-    ac->ev.data = c;
-    ac->ev.addRead = ngx_http_idempotency_redis_add_read;
-    ac->ev.delRead = ngx_http_idempotency_redis_del_read;
-    ac->ev.addWrite = ngx_http_idempotency_redis_add_write;
-    ac->ev.delWrite = ngx_http_idempotency_redis_del_write;
-    ac->ev.cleanup = ngx_http_idempotency_redis_cleanup;
-
-    return c;
-}
-
-
-/* hiredis event hooks: privdata is ac->ev.data, the nginx connection */
-
-static void
-ngx_http_idempotency_redis_add_read(void *privdata)
-{
-    ngx_connection_t  *c = privdata;
-
-    if (c == NULL || c->read->active) {
-        return;
-    }
-
-    if (ngx_add_event(c->read, NGX_READ_EVENT,
-                      NGX_HTTP_IDEMPOTENCY_REDIS_EVENT_FLAGS)
-        != NGX_OK)
-    {
-        /* nothing to return to hiredis; the op timers notice the stall */
-        ngx_log_error(NGX_LOG_ALERT, c->log, 0,
-                      "idempotency redis: adding read event failed");
-    }
-}
-
-
-static void
-ngx_http_idempotency_redis_del_read(void *privdata)
-{
-    ngx_connection_t  *c = privdata;
-
-    if (c == NULL || !c->read->active) {
-        return;
-    }
-
-    if (ngx_del_event(c->read, NGX_READ_EVENT,
-                      NGX_HTTP_IDEMPOTENCY_REDIS_EVENT_FLAGS)
-        != NGX_OK)
-    {
-        ngx_log_error(NGX_LOG_ALERT, c->log, 0,
-                      "idempotency redis: deleting read event failed");
-    }
-}
-
-
-/*
- * hiredis asks for a write with every command it queues.  On a connected
- * socket the write is posted to the next pass of the event loop (whose
- * epoll_wait() does not wait when something is posted there): one write(2)
- * then carries every command queued by the events of this pass and of the
- * next one, and no epoll_ctl(2) is needed to learn that the socket can be
- * written to.  The socket's write event is asked for only while connecting,
- * or when what is queued did not fit in the socket: hiredis asks again
- * from within the write handler.
- */
-
-static void
-ngx_http_idempotency_redis_add_write(void *privdata)
-{
-    ngx_connection_t   *c = privdata;
-    redisAsyncContext  *ac;
-
-    if (c == NULL || c->write->active || c->write->posted) {
-        return;
-    }
-
-    ac = c->data;
-
-    if (c != ngx_http_idempotency_redis_writing
-        && (ac->c.flags & REDIS_CONNECTED))
-    {
-        ngx_post_event(c->write, &ngx_posted_next_events);
-        return;
-    }
-
-    if (ngx_add_event(c->write, NGX_WRITE_EVENT,
-                      NGX_HTTP_IDEMPOTENCY_REDIS_EVENT_FLAGS)
-        != NGX_OK)
-    {
-        ngx_log_error(NGX_LOG_ALERT, c->log, 0,
-                      "idempotency redis: adding write event failed");
-    }
-}
-
-
-static void
-ngx_http_idempotency_redis_del_write(void *privdata)
-{
-    ngx_connection_t  *c = privdata;
-
-    if (c == NULL) {
-        return;
-    }
-
-    if (c->write->posted) {
-        ngx_delete_posted_event(c->write);
-    }
-
-    if (!c->write->active) {
-        return;
-    }
-
-    if (ngx_del_event(c->write, NGX_WRITE_EVENT,
-                      NGX_HTTP_IDEMPOTENCY_REDIS_EVENT_FLAGS)
-        != NGX_OK)
-    {
-        ngx_log_error(NGX_LOG_ALERT, c->log, 0,
-                      "idempotency redis: deleting write event failed");
-    }
-}
-
-
-/*
- * Called by hiredis while it frees the context, before redisFree().  The
- * fd is closed here, once, through nginx; hiredis is told it has none left
- * so that it does not close it again (by then the number may belong to
- * another socket).  Safe to call twice, as hiredis 1.x may.
- */
-
-static void
-ngx_http_idempotency_redis_cleanup(void *privdata)
-{
-    ngx_connection_t   *c = privdata;
-    redisAsyncContext  *ac;
-
-    if (c == NULL) {
-        return;
-    }
-
-    ac = c->data;
-
-    ngx_log_debug1(NGX_LOG_DEBUG_HTTP, c->log, 0,
-                   "idempotency redis: close fd:%d", c->fd);
-
-    ngx_close_connection(c);
-
-    ac->c.fd = -1;
-    ac->ev.data = NULL;
-}
-
-
 static void
 ngx_http_idempotency_redis_read_handler(ngx_event_t *rev)
 {
@@ -1181,37 +989,6 @@ ngx_http_idempotency_redis_read_handler(ngx_event_t *rev)
 }
 
 
-/* a read event of a connection whose read handler is someone else's */
-
-void
-ngx_http_idempotency_redis_handle_read(ngx_connection_t *c)
-{
-#if (NGX_SSL)
-    if (c->ssl) {
-        ngx_http_idempotency_redis_tls_read(c);
-        return;
-    }
-#endif
-
-    /* one chunk of at most 16 KiB; see EVENT_FLAGS for the rest */
-
-    redisAsyncHandleRead(c->data);
-}
-
-
-static void
-ngx_http_idempotency_redis_write_handler(ngx_event_t *wev)
-{
-    ngx_connection_t  *c;
-
-    c = wev->data;
-
-    ngx_http_idempotency_redis_writing = c;
-    redisAsyncHandleWrite(c->data);
-    ngx_http_idempotency_redis_writing = NULL;
-}
-
-
 /* the same for a node's data connection, which also counts what is out */
 
 static void
@@ -1236,9 +1013,7 @@ ngx_http_idempotency_redis_node_write_handler(ngx_event_t *wev)
     } else
 #endif
     {
-        ngx_http_idempotency_redis_writing = c;
-        redisAsyncHandleWrite(ac);
-        ngx_http_idempotency_redis_writing = NULL;
+        ngx_http_idempotency_redis_write(c);
     }
 
     /* every command handed to hiredis so far is on its way to Redis */

@@ -254,16 +254,4 @@ void ngx_http_idempotency_redis_node_exit(
 int ngx_http_idempotency_redis_auth_args(ngx_str_t *user,
     ngx_str_t *password, const char **argv, size_t *argvlen);
 
-/*
- * Wraps the socket of a new hiredis context in an nginx connection and
- * hooks hiredis to its events (level-triggered); the caller sets ac->data
- * and may replace the read handler.  NULL: no free worker connection.
- */
-ngx_connection_t *ngx_http_idempotency_redis_attach(redisAsyncContext *ac,
-    ngx_log_t *log);
-
-/* for such a connection's own read handler: hiredis reads (plain or TLS) */
-void ngx_http_idempotency_redis_handle_read(ngx_connection_t *c);
-
-
 #endif /* _NGX_HTTP_IDEMPOTENCY_REDIS_NODE_H_INCLUDED_ */

@@ -12,6 +12,7 @@
 #include <ngx_core.h>
 #include <ngx_event.h>
 
+#include "ngx_http_idempotency_redis_adapter.h"
 #include "ngx_http_idempotency_redis_sub.h"
 #include "ngx_http_idempotency_redis_topology.h"
 #include "ngx_http_idempotency_redis_tls.h"

@@ -11,6 +11,7 @@
 #include <ngx_event.h>
 #include <ngx_http.h>
 
+#include "ngx_http_idempotency_redis_adapter.h"
 #include "ngx_http_idempotency_sentinel.h"
 #include "ngx_http_idempotency_redis_tls.h"
 
