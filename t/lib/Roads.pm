@@ -502,6 +502,14 @@ CONF
     # scripts/valgrind-check.sh reads, as the runner does
     my $stderr = $ENV{TEST_NGINX_USE_VALGRIND} && $ENV{TEST_NGINX_VALGRIND_LOG}
                  || "$prefix/logs/stderr.log";
+    if ($stderr ne "$prefix/logs/stderr.log") {
+        # the suite's name before valgrind's lines, as the runner writes
+        # its "=== t/x.t TEST n" (scripts/valgrind-check.sh counts them)
+        if (open my $vl, '>>', $stderr) {
+            print $vl "=== $0 nginx on port $port\n";
+            close $vl;
+        }
+    }
     my $pid = spawn(sub {
         open STDERR, '>>', $stderr;
         exec @cmd;
