@@ -29,7 +29,7 @@
  *
  *   record   ngx_http_idempotency_record_parse() on the input: an error,
  *            or a record whose every field lies inside the input - the
- *            state one of three, fingerprint and owner of 1 to 128
+ *            state one of five, fingerprint and owner of 1 to 128
  *            lowercase hex digits, created of 1 to 20 digits, the status
  *            000 exactly while in flight and 200 to 599 otherwise (an
  *            interim 1xx response is never a record), the
@@ -390,7 +390,10 @@ all_of(const unsigned char *p, size_t len, int hex)
 }
 
 
-/* a reference for ngx_http_idempotency_record_validate() */
+/*
+ * a reference for ngx_http_idempotency_record_validate(): a name is a
+ * token, or "@" and a token (a trailer, sent after the body)
+ */
 
 static int
 validate_ref(const ngx_http_idempotency_record_t *rec)
@@ -408,7 +411,13 @@ validate_ref(const ngx_http_idempotency_record_t *rec)
     end = p + rec->headers_len;
 
     while ((rc = ngx_http_idempotency_record_next_header(&p, end, &h)) == 1) {
-        for (i = 0; i < h.name_len; i++) {
+        i = (h.name_len > 0 && h.name[0] == '@');
+
+        if (i == h.name_len) {
+            return -1;
+        }
+
+        for ( /* void */ ; i < h.name_len; i++) {
             if (!((h.name[i] >= '0' && h.name[i] <= '9')
                   || (h.name[i] >= 'a' && h.name[i] <= 'z')
                   || (h.name[i] >= 'A' && h.name[i] <= 'Z')
@@ -455,7 +464,9 @@ fuzz_record(const uint8_t *data, size_t size)
 
     check(rec.state == NGX_HTTP_IDEMPOTENCY_RECORD_INFLIGHT
           || rec.state == NGX_HTTP_IDEMPOTENCY_RECORD_DONE
-          || rec.state == NGX_HTTP_IDEMPOTENCY_RECORD_OVERSIZE);
+          || rec.state == NGX_HTTP_IDEMPOTENCY_RECORD_OVERSIZE
+          || rec.state == NGX_HTTP_IDEMPOTENCY_RECORD_UNKNOWN
+          || rec.state == NGX_HTTP_IDEMPOTENCY_RECORD_SPLIT);
 
     check(rec.fp > buf && rec.fp_len >= 1
           && rec.fp_len <= NGX_HTTP_IDEMPOTENCY_RECORD_TOKEN_MAX);
@@ -475,7 +486,8 @@ fuzz_record(const uint8_t *data, size_t size)
 
     /*
      * validate(): 0 exactly when the header lines read to their end with
-     * token names and values without control bytes but HTAB
+     * token names (or "@" and a token: a trailer) and values without
+     * control bytes but HTAB
      */
 
     check(ngx_http_idempotency_record_validate(&rec, &reason)

@@ -1,37 +1,44 @@
 /*
- * libFuzzer target: what the handler does with Redis' answer to a claim
- * (src/ngx_http_idempotency_handler.c), "SET key record NX GET PX ms":
- * ngx_http_idempotency_claim_reply() checks the reply (nil, the record
- * someone else wrote, an error) and decodes the record, keeping the
- * reply's string for a HIT, ngx_http_idempotency_decide() picks the
- * outcome, and for HIT ngx_http_idempotency_replay() turns the stored
- * status, headers and body into the response, from that string, after
- * hiredis freed the reply object (as it does right after the callback).
+ * libFuzzer target: what the module does with Redis' answer to a claim,
+ * "SET key record NX GET PX ms": in src/ngx_http_idempotency_claim.c,
+ * ngx_http_idempotency_claim_handler() and claim_reply() check the reply
+ * (nil, the record someone else wrote, an error), claim_record() and
+ * claim_judge_record() decode and validate the record, keeping the reply's
+ * string for a HIT; in src/ngx_http_idempotency_handler.c,
+ * ngx_http_idempotency_decide() picks the outcome, and for HIT
+ * ngx_http_idempotency_replay() turns the stored status, headers and body
+ * into the response, from that string, after hiredis freed the reply
+ * object (as it does right after the callback).
  *
  * The input is RESP, the bytes a Redis server (or something pretending to
  * be one) sends: hiredis' own reader turns it into the redisReply the
  * module gets, so every reply shape is reachable - wrong element types,
  * missing or extra elements, nil, nested arrays, empty and binary strings.
- * The handler's file is compiled into this one; the nginx functions it
- * calls on that path are stubs below, the others (and the rest of the
- * module) abort in fuzz_reply_stubs.c.  Pool allocations are separate heap blocks of the
- * exact size, so ASan sees a read one byte past any of them (nginx' own
- * pools would hide it).
+ * The claim's and the handler's files are compiled into this one (their
+ * functions on this path are static); the nginx and module functions they
+ * call on that path are stubs below, the others (and the rest of the
+ * module) abort in fuzz_reply_stubs.c.  Pool allocations are separate heap
+ * blocks of the exact size, so ASan sees a read one byte past any of them
+ * (nginx' own pools would hide it).
  *
- * Checked beyond "no crash, no over-read": the handler answers each reply
- * exactly once (a problem response, a replay or a pass to the content
- * phase, which alone starts the claim's renewal); a replay sends only what
- * the record held - a final status (200 to 599), header names and values
- * that lie inside the stored headers field (so no CR, LF or NUL: no
- * response splitting), names that are tokens, values without control
- * bytes but HTAB, none of the headers the capture never stores
- * (hop-by-hop, Content-Length, Transfer-Encoding, Date, Server, the replay
- * marker: nginx frames the replay itself), the body byte for byte; a
- * record it refuses leaves nothing of itself in the response, whether it
- * answers with a problem (idempotency_on_store_error closed, even input
- * lengths) or passes the request on (open, odd lengths).
+ * Checked beyond "no crash, no over-read": the claim's verdict resumes the
+ * request exactly once, and the handler answers it exactly once (a problem
+ * response, a replay or a pass to the content phase, which alone starts
+ * the claim's renewal timer); a split record (its body in other keys) goes
+ * to the body's fetch (body.c, not in this target) with its reply string
+ * kept, and nothing is answered yet; a replay sends only what the record
+ * held - a final status (200 to 599), header names and values that lie
+ * inside the stored headers field (so no CR, LF or NUL: no response
+ * splitting), names that are tokens, values without control bytes but
+ * HTAB, none of the headers the capture never stores (hop-by-hop,
+ * Content-Length, Transfer-Encoding, Date, Server, the replay marker:
+ * nginx frames the replay itself), the body byte for byte; a record it
+ * refuses leaves nothing of itself in the response, whether it answers
+ * with a problem (idempotency_on_store_error closed, even input lengths)
+ * or passes the request on (open, odd lengths).
  */
 
+#include "../src/ngx_http_idempotency_claim.c"
 #include "../src/ngx_http_idempotency_handler.c"
 
 #include <stdio.h>
@@ -58,6 +65,7 @@ ngx_uint_t            ngx_process;
 volatile ngx_msec_t   ngx_current_msec;
 volatile ngx_time_t  *ngx_cached_time;
 ngx_rbtree_t          ngx_event_timer_rbtree;
+volatile ngx_cycle_t *ngx_cycle;
 
 
 /* each pool allocation is a heap block of its own, freed after the input */
@@ -225,19 +233,80 @@ ngx_http_idempotency_outcome_reason(ngx_http_idempotency_outcome_e outcome)
 }
 
 
-/* what the handler did with the request */
+/* what the claim and the handler did with the request */
 
-static ngx_int_t   sent_header, sent_body, finalized, problem, renewals;
+static ngx_int_t   sent_header, sent_body, finalized, problem, renewals,
+                   resumed, fetching;
 static ngx_http_idempotency_ctx_t  *cur;
 
 
-/* a claim that goes on to the content phase starts its renewal timer */
+/*
+ * A claim that goes on to the content phase starts its renewal timer
+ * (claim.c: ngx_add_timer(), which inserts the event into nginx' timer
+ * tree): the only timer on this path.
+ */
 
 void
-ngx_http_idempotency_renew_start(ngx_http_idempotency_ctx_t *ctx)
+ngx_rbtree_insert(ngx_rbtree_t *tree, ngx_rbtree_node_t *node)
 {
-    check(ctx == cur);
+    check(tree == &ngx_event_timer_rbtree);
+    check(node == &cur->renew_timer.timer);
+    check(cur->state == NGX_HTTP_IDEMPOTENCY_STATE_CLAIMED);
     renewals++;
+}
+
+
+/* the waiter of a woken duplicate: none here (conf.wait is 0) */
+
+void
+ngx_http_idempotency_wait_decided(ngx_http_idempotency_ctx_t *ctx)
+{
+    check(ctx == cur && ctx->waiter == NULL);
+}
+
+
+ngx_int_t
+ngx_http_idempotency_wait_start(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_http_idempotency_wait_pt again)
+{
+    check(r == cur->request && ctx == cur);
+    check(again == ngx_http_idempotency_claim_send);
+    check(ctx->reply_kind == NGX_HTTP_IDEMPOTENCY_CONFLICT);
+
+    return NGX_DECLINED;    /* idempotency_wait off: 409 at once */
+}
+
+
+/* as problem.c's */
+
+void
+ngx_http_idempotency_status_line(ngx_http_request_t *r)
+{
+    if (r->headers_out.status == 422) {
+        ngx_str_set(&r->headers_out.status_line, "422 Unprocessable Entity");
+    }
+}
+
+
+/*
+ * A split record with our fingerprint: its head was decoded and validated,
+ * its body (in other keys) is fetched next by body.c, which answers the
+ * request later; the reply's string is the request's by now.
+ */
+
+ngx_int_t
+ngx_http_idempotency_body_fetch(ngx_http_request_t *r,
+    ngx_http_idempotency_ctx_t *ctx, ngx_http_idempotency_record_t *rec)
+{
+    check(r == cur->request && ctx == cur);
+    check(rec->state == NGX_HTTP_IDEMPOTENCY_RECORD_SPLIT);
+    check(ctx->reply_kind == NGX_HTTP_IDEMPOTENCY_HIT);
+    check(ncleanups == 1);
+
+    fetching = 1;
+    ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_CLAIMING;   /* as body.c does */
+
+    return NGX_AGAIN;
 }
 
 
@@ -279,30 +348,21 @@ check_token_value(ngx_table_elt_t *h)
 }
 
 
-ngx_int_t
-ngx_http_send_header(ngx_http_request_t *r)
+/*
+ * The replayed headers (or trailers, the stored "@Name: value" lines):
+ * each from the stored header lines, but for the one replay marker the
+ * handler adds to the headers; returns how many markers.
+ */
+
+static ngx_uint_t
+check_replayed(ngx_list_t *list)
 {
     ngx_uint_t        i, marker;
     ngx_list_part_t  *part;
     ngx_table_elt_t  *h;
 
-    check(!sent_header);
-    sent_header = 1;
-
-    if (problem) {
-        return NGX_OK;
-    }
-
-    /* a final status only: an interim or unknown one is a corrupt record */
-    check(r->headers_out.status >= 200 && r->headers_out.status <= 599);
-    check(r->headers_out.content_length_n == (off_t) cur->reply_body.len);
-
-    if (r->headers_out.content_type.len) {
-        check_str(&r->headers_out.content_type, &cur->reply_headers);
-    }
-
     marker = 0;
-    part = &r->headers_out.headers.part;
+    part = &list->part;
     h = part->elts;
 
     for (i = 0; /* void */ ; i++) {
@@ -338,7 +398,33 @@ ngx_http_send_header(ngx_http_request_t *r)
         check_token_value(&h[i]);
     }
 
-    check(marker == 1);
+    return marker;
+}
+
+
+ngx_int_t
+ngx_http_send_header(ngx_http_request_t *r)
+{
+    check(!sent_header);
+    sent_header = 1;
+
+    if (problem) {
+        return NGX_OK;
+    }
+
+    /* a final status only: an interim or unknown one is a corrupt record */
+    check(r->headers_out.status >= 200 && r->headers_out.status <= 599);
+    check(r->headers_out.content_length_n == (off_t) cur->reply_body.len);
+
+    if (r->headers_out.content_type.len) {
+        check_str(&r->headers_out.content_type, &cur->reply_headers);
+    }
+
+    check(check_replayed(&r->headers_out.headers) == 1);
+    check(check_replayed(&r->headers_out.trailers) == 0);
+
+    /* stored trailers go out after the body, as nginx sends trailers */
+    check(r->expect_trailers == (r->headers_out.trailers.part.nelts > 0));
 
     return NGX_OK;
 }
@@ -403,6 +489,8 @@ ngx_http_idempotency_send_problem(ngx_http_request_t *r,
        Content-Type is overwritten by the problem's own) */
     check(r->headers_out.headers.part.nelts == 0);
     check(r->headers_out.headers.part.next == NULL);
+    check(r->headers_out.trailers.part.nelts == 0);
+    check(!r->expect_trailers);
     check(r->headers_out.content_encoding == NULL);
     check(r->headers_out.etag == NULL);
 
@@ -413,11 +501,16 @@ ngx_http_idempotency_send_problem(ngx_http_request_t *r,
 }
 
 
+/* the claim's verdict runs the request's phases again, once */
+
 ngx_int_t
 ngx_http_post_request(ngx_http_request_t *r, ngx_http_posted_request_t *pr)
 {
-    (void) r;
-    (void) pr;
+    check(r == cur->request && pr == NULL);
+    check(r->write_event_handler == ngx_http_core_run_phases);
+    check(cur->state == NGX_HTTP_IDEMPOTENCY_STATE_DECIDED);
+    check(!resumed && !fetching);
+    resumed = 1;
     return NGX_OK;
 }
 
@@ -513,6 +606,11 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     r->headers_out.headers.last = &r->headers_out.headers.part;
     r->headers_out.headers.size = sizeof(ngx_table_elt_t);
     r->headers_out.headers.nalloc = 2;
+    r->headers_out.trailers.part.elts =
+                                  fuzz_alloc(2 * sizeof(ngx_table_elt_t), 1);
+    r->headers_out.trailers.last = &r->headers_out.trailers.part;
+    r->headers_out.trailers.size = sizeof(ngx_table_elt_t);
+    r->headers_out.trailers.nalloc = 2;
     r->headers_out.content_length_n = -1;
 
     ctx = fuzz_alloc(sizeof(ngx_http_idempotency_ctx_t), 1);
@@ -527,13 +625,26 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     cur = ctx;
     sent_header = sent_body = finalized = problem = renewals = 0;
+    resumed = fetching = 0;
 
-    ngx_http_idempotency_claim_handler(ctx, reply, NGX_HTTP_IDEMPOTENCY_REDIS_OK);
+    ngx_http_idempotency_claim_handler(ctx, reply,
+                                       NGX_HTTP_IDEMPOTENCY_REDIS_OK);
 
     /* hiredis frees the reply right after the callback */
     freeReplyObject(reply);
     redisReaderFree(reader);
 
+    check(ctx->op == NULL);
+
+    if (fetching) {
+        /* a split record: body.c answers once the body is there */
+        check(!resumed && !sent_header && !finalized && renewals == 0);
+        check(ctx->state == NGX_HTTP_IDEMPOTENCY_STATE_CLAIMING);
+        fuzz_free_all();
+        return 0;
+    }
+
+    check(resumed);
     check(ctx->state == NGX_HTTP_IDEMPOTENCY_STATE_DECIDED);
 
     rc = ngx_http_idempotency_decide(r, ctx);
@@ -560,6 +671,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             /* passed on unprotected: nothing of the record goes along */
             check(rc == NGX_DECLINED && !sent_header && !finalized);
             check(r->headers_out.headers.part.nelts == 0);
+            check(r->headers_out.trailers.part.nelts == 0);
             check(r->headers_out.content_encoding == NULL);
             check(r->headers_out.etag == NULL);
             check(r->headers_out.content_type.len == 0);

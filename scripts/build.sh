@@ -2,7 +2,7 @@
 # Build the dynamic module against an nginx source tree, the Debian way.
 #
 #   scripts/build.sh signature|configure|module|check-load|check-src
-#   scripts/build.sh check-includes|check-layers [DIR]
+#   scripts/build.sh check-includes|check-layers [DIR]|check-fuzz
 #
 # Quiet unless V=1 (make V=1 build): the compiler's command lines go to
 # build/make.log and are shown only when the build fails.
@@ -212,10 +212,39 @@ check_layers() {
          "called or included from it, no src/*.c over 1,250 lines"
 }
 
+# The fuzz targets (fuzz/, make fuzz) still build against src/: they call
+# functions of src/*.c by name and compile some of those files into
+# themselves, so a function moved, renamed or made static breaks them, and
+# nothing else builds them.  Built as make fuzz builds them (clang,
+# -Werror, linked with libFuzzer), not run: a few seconds.  Skipped, saying
+# so, without clang and its libFuzzer (scripts/setup.sh fuzz); fuzz_reply
+# also needs the configured module build (make build) for nginx's headers.
+check_fuzz() {
+    local cc=${FUZZ_CC:-clang} rt targets=(key record)
+    rt=$("$cc" -print-runtime-dir 2>/dev/null || true)
+    if [ -z "$rt" ] || ! ls "$rt"/libclang_rt.fuzzer-*.a > /dev/null 2>&1
+    then
+        echo "build: fuzz targets NOT built: no $cc with libFuzzer" \
+             "(scripts/setup.sh fuzz installs them)" >&2
+        return 0
+    fi
+    if [ -f "$BUILD/objs/Makefile" ]; then
+        targets+=(reply)
+    else
+        echo "build: fuzz_reply NOT built: it needs the configured module" \
+             "build (make build)" >&2
+    fi
+    "$ROOT/scripts/fuzz.sh" --build-only "${targets[@]}" > /dev/null \
+        || die "the fuzz targets do not build (scripts/fuzz.sh" \
+               "--build-only ${targets[*]})"
+    echo "build: the fuzz targets build (${targets[*]}; make fuzz runs them)"
+}
+
 # The packaged tree is byte-for-byte what dpkg installed, with nothing added.
 check_src() {
     check_includes
     check_layers
+    check_fuzz
     pkg=$(dpkg-query -S "$NGINX_SRC/configure" 2>/dev/null | cut -d: -f1) \
         || die "$NGINX_SRC is not from a Debian package; nothing to compare with"
     changed=$(dpkg --verify "$pkg" | grep " $NGINX_SRC/" || true)
@@ -234,5 +263,6 @@ case ${1:-} in
     check-src)  check_src ;;
     check-includes) check_includes ;;
     check-layers) check_layers "${2:-}" ;;
-    *)          die "usage: $0 signature|configure|module|check-load|check-src|check-includes|check-layers [DIR]" ;;
+    check-fuzz) check_fuzz ;;
+    *)          die "usage: $0 signature|configure|module|check-load|check-src|check-includes|check-layers [DIR]|check-fuzz" ;;
 esac

@@ -4,6 +4,9 @@
 # over-read or a broken property.
 #
 #   scripts/fuzz.sh [TARGET...]       default: key record reply
+#   scripts/fuzz.sh --build-only [TARGET...]
+#                                     build them, run nothing (make
+#                                     check-src: a few seconds)
 #
 #   FUZZ_SECONDS=60    run time per target
 #   FUZZ_RUNS=         a number of executions per target instead of a time
@@ -24,6 +27,12 @@ cc=${FUZZ_CC:-clang}
 command -v "$cc" > /dev/null \
     || die "$cc not found (scripts/setup.sh fuzz installs clang and libFuzzer)"
 
+build_only=
+if [ "${1:-}" = --build-only ]; then
+    build_only=yes
+    shift
+fi
+
 if [ $# -gt 0 ]; then
     targets=("$@")
 else
@@ -41,7 +50,8 @@ module_incs() {
 }
 
 # what fuzz_TARGET.c is linked with: the pure C sources it exercises; the
-# reply target compiles the handler into itself and stubs nginx
+# reply target compiles claim.c and handler.c into itself and stubs the
+# rest of nginx and the module (fuzz_reply_stubs.c)
 sources_of() {
     case $1 in
         key)    echo src/ngx_http_idempotency_key.c ;;
@@ -76,6 +86,11 @@ for t in "${targets[@]}"; do
     "$cc" "${flags[@]}" -o "$out/fuzz_$t" "fuzz/fuzz_$t.c" $srcs \
         || die "building fuzz_$t failed"
 done
+
+if [ -n "$build_only" ]; then
+    echo "fuzz: built ${targets[*]} in ${out#"$ROOT"/}/ (not run)"
+    exit 0
+fi
 
 failed=
 for t in "${targets[@]}"; do
