@@ -195,7 +195,8 @@ help:
 	@echo 'make check-example  nginx -t on the rendered examples/nginx.conf'
 	@echo 'make check-src      verify the nginx-dev tree is unmodified, every'
 	@echo '                    src/*.c includes nginx'"'"'s or the module'"'"'s header first,'
-	@echo '                    and the layers hold (scripts/callgraph.sh)'
+	@echo '                    the layers hold (scripts/callgraph.sh), and the'
+	@echo '                    fuzz targets build (clang; make fuzz runs them)'
 	@echo 'make clean          stop the demo, remove build/'
 
 FORCE:

@@ -54,7 +54,7 @@ case ${1:-all} in
     valgrind)     want="$build $run $test $valgrind" ;;
     asan)         want="$build $run $test $asan" ;;
     fuzz)         want=$fuzz ;;
-    lint)         want="$build $lint" ;;
+    lint)         want="$build $lint $fuzz" ;;   # check-src builds the fuzz targets
     deb)          want="$build $deb" ;;
     docs)         want=$docs ;;
     all)          want="$build $run $test $valgrind $asan $fuzz $lint $deb $docs" ;;
