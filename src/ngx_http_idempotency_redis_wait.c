@@ -199,7 +199,8 @@ ngx_http_idempotency_redis_wait_send(ngx_http_idempotency_redis_node_t *node)
 
     /*
      * Redis holds every later command of the connection until the WAIT
-     * answers: it leaves now, not after the next pass of the event loop
+     * answers: it leaves at the end of this pass of the event loop, not
+     * after the next one
      */
 
     ngx_http_idempotency_redis_node_flush(node);
