@@ -500,15 +500,13 @@ CONF
     }
     # valgrind reports to stderr: into make test-valgrind's log, which
     # scripts/valgrind-check.sh reads, as the runner does
-    my $stderr = $ENV{TEST_NGINX_USE_VALGRIND} && $ENV{TEST_NGINX_VALGRIND_LOG}
-                 || "$prefix/logs/stderr.log";
-    if ($stderr ne "$prefix/logs/stderr.log") {
-        # the suite's name before valgrind's lines, as the runner writes
-        # its "=== t/x.t TEST n" (scripts/valgrind-check.sh counts them)
-        if (open my $vl, '>>', $stderr) {
-            print $vl "=== $0 nginx on port $port\n";
-            close $vl;
-        }
+    my $vglog = $ENV{TEST_NGINX_USE_VALGRIND} && $ENV{TEST_NGINX_VALGRIND_LOG};
+    my $stderr = $vglog || "$prefix/logs/stderr.log";
+    # the suite's name before valgrind's lines, as the runner writes its
+    # "=== t/x.t TEST n" (scripts/valgrind-check.sh counts them)
+    if ($vglog && open my $vl, '>>', $vglog) {
+        print $vl "=== $0 nginx on port $port\n";
+        close $vl;
     }
     my $pid = spawn(sub {
         open STDERR, '>>', $stderr;
