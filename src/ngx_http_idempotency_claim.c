@@ -206,7 +206,11 @@ ngx_http_idempotency_claim_handler(void *data, redisReply *reply,
     ctx->redis_rc = rc;
     ctx->state = NGX_HTTP_IDEMPOTENCY_STATE_DECIDED;
 
-    if (rc != NGX_HTTP_IDEMPOTENCY_REDIS_OK) {
+    if (rc == NGX_HTTP_IDEMPOTENCY_REDIS_UNSENT) {
+        /* it waited for a connection in vain: Redis never saw it */
+        ctx->redis_rc = NGX_HTTP_IDEMPOTENCY_REDIS_ERROR;
+
+    } else if (rc != NGX_HTTP_IDEMPOTENCY_REDIS_OK) {
 
         /*
          * The SET may have been applied although its reply did not come

@@ -277,6 +277,11 @@ ngx_http_idempotency_redis_connect(ngx_http_idempotency_redis_node_t *node)
         reason = NULL;
 
         rc = node->place->address(node->place_data, &host, &port, &reason);
+
+        /* the topology calls node_reconnect() once it knows */
+
+        node->placing = (rc == NGX_AGAIN);
+
         if (rc == NGX_AGAIN) {
             return;
         }
@@ -547,6 +552,14 @@ ngx_http_idempotency_redis_failure(ngx_http_idempotency_redis_node_t *node,
 
     if (node->exiting) {
         return;
+    }
+
+    node->placing = 0;
+
+    if (ngx_http_idempotency_redis_upcalls
+        && ngx_http_idempotency_redis_upcalls->failed)
+    {
+        ngx_http_idempotency_redis_upcalls->failed(node, reason);
     }
 
     if (node->place && node->place->failed) {

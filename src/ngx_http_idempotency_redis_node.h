@@ -88,12 +88,16 @@ typedef struct {
  * ready: the connection takes commands (from a reply callback: commands
  * may be sent); exit: the worker exits, the node is closed: what waits
  * for it must be given up; moved: the topology moved keys away from the
- * node (a Cluster's slot map changed): what waits for it may go elsewhere.
+ * node (a Cluster's slot map changed): what waits for it may go elsewhere;
+ * failed: a connect (or the connection) failed, a reconnect is due: what
+ * waited only for this one gives up (never calls back from here).
  */
 typedef struct {
     void  (*ready)(ngx_http_idempotency_redis_node_t *node);
     void  (*exit)(ngx_http_idempotency_redis_node_t *node);
     void  (*moved)(ngx_http_idempotency_redis_node_t *node);
+    void  (*failed)(ngx_http_idempotency_redis_node_t *node,
+                    const char *reason);
 } ngx_http_idempotency_redis_upcalls_t;
 
 
@@ -116,6 +120,7 @@ struct ngx_http_idempotency_redis_node_s {
 
     ngx_uint_t                           failures; /* in a row */
     ngx_msec_t                           backoff;
+    unsigned                             placing:1; /* address asked */
 
     ngx_event_t                          connect_timer;
     ngx_event_t                          reconnect_timer;

@@ -21,6 +21,8 @@
 #define NGX_HTTP_IDEMPOTENCY_REDIS_OK        0   /* reply is set */
 #define NGX_HTTP_IDEMPOTENCY_REDIS_ERROR     1   /* no connection, lost */
 #define NGX_HTTP_IDEMPOTENCY_REDIS_TIMEOUT   2   /* no reply in time */
+/* it waited for a connection that never came: Redis never saw it */
+#define NGX_HTTP_IDEMPOTENCY_REDIS_UNSENT    3
 
 
 /*
@@ -106,7 +108,7 @@ typedef struct {
 typedef enum {
     NGX_HTTP_IDEMPOTENCY_REDIS_OP_NEW = 0,    /* ours, not queued anywhere */
     NGX_HTTP_IDEMPOTENCY_REDIS_OP_SENT,       /* hiredis holds it */
-    NGX_HTTP_IDEMPOTENCY_REDIS_OP_PARKED,     /* in node->parked */
+    NGX_HTTP_IDEMPOTENCY_REDIS_OP_PARKED,     /* in node->parked (or held) */
     NGX_HTTP_IDEMPOTENCY_REDIS_OP_DOOMED,     /* in node->doomed */
     NGX_HTTP_IDEMPOTENCY_REDIS_OP_ACKING      /* in node->acking */
 } ngx_http_idempotency_redis_op_state_e;
@@ -159,6 +161,7 @@ struct ngx_http_idempotency_redis_op_s {
     unsigned                             counted:1; /* in redis.parked */
     unsigned                             timed_out:1;
     unsigned                             asking:1; /* sent after ASKING */
+    unsigned                             held:1;   /* waited for an address */
 };
 
 

@@ -82,7 +82,8 @@ static const ngx_http_idempotency_redis_upcalls_t
     ngx_http_idempotency_redis_upcalls = {
     ngx_http_idempotency_redis_resend_parked,
     ngx_http_idempotency_redis_park_exit,
-    ngx_http_idempotency_redis_reroute
+    ngx_http_idempotency_redis_reroute,
+    ngx_http_idempotency_redis_unhold
 };
 
 
@@ -101,6 +102,23 @@ ngx_http_idempotency_redis_op_run(ngx_http_idempotency_redis_conf_t *rcf,
     ngx_http_idempotency_redis_pt handler, void *data, ngx_log_t *log)
 {
     ngx_http_idempotency_redis_op_t  *op;
+
+    /*
+     * While the node's address is being asked (a worker's first connect
+     * behind Sentinel or with "resolve", after a reload too) the op waits
+     * for the connection, as it would behind a handshake
+     */
+
+    if (node && node->ac == NULL && node->placing && !node->exiting) {
+        op = ngx_http_idempotency_redis_op_create(node, cmd, script, key,
+                                                  args, nargs, handler, data,
+                                                  log);
+        if (op) {
+            ngx_http_idempotency_redis_hold(op);
+        }
+
+        return op;
+    }
 
     /* fail fast while there is no connection and none in progress */
 
@@ -465,7 +483,7 @@ ngx_http_idempotency_redis_op_timeout_handler(ngx_event_t *ev)
         if (node->state == NGX_HTTP_IDEMPOTENCY_REDIS_READY
             && ngx_http_idempotency_redis_op_send(op) == NGX_OK)
         {
-            node->stats.retried++;
+            node->stats.retried += !op->held;
             ngx_http_idempotency_redis_unpark(op);
             return;
         }
@@ -940,15 +958,16 @@ ngx_http_idempotency_redis_reroute(ngx_http_idempotency_redis_node_t *node)
         op->timer.log = target->log;
 
         if (ngx_http_idempotency_redis_op_send(op) == NGX_OK) {
-            target->stats.retried++;
+            target->stats.retried += !op->held;
             continue;
         }
 
         /* the handler may park new ops here: "next" is still in the queue */
 
-        reason = ngx_http_idempotency_redis_park(op, op->info.error
-                                                     ? op->info.error
-                                                     : "not connected", 0);
+        reason = op->held ? "not connected"
+                          : ngx_http_idempotency_redis_park(op, op->info.error
+                                                       ? op->info.error
+                                                       : "not connected", 0);
         if (reason) {
             ngx_http_idempotency_redis_give_up(op, reason);
         }
@@ -1034,7 +1053,7 @@ ngx_http_idempotency_redis_resend_parked(
             break;
         }
 
-        node->stats.retried++;
+        node->stats.retried += !op->held;
         ngx_http_idempotency_redis_unpark(op);
     }
 }

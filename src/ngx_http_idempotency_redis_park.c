@@ -210,6 +210,68 @@ ngx_http_idempotency_redis_park(ngx_http_idempotency_redis_op_t *op,
 }
 
 
+void
+ngx_http_idempotency_redis_hold(ngx_http_idempotency_redis_op_t *op)
+{
+    ngx_http_idempotency_redis_node_t  *node;
+
+    node = op->node;
+
+    op->held = 1;
+    op->deadline = ngx_current_msec + node->conf->timeout;
+    op->state = NGX_HTTP_IDEMPOTENCY_REDIS_OP_PARKED;
+    ngx_queue_insert_tail(&node->parked, &op->queue);
+
+    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, node->log, 0,
+                   "idempotency redis: \"%V\" op:%p waits for the address",
+                   &node->name, op);
+
+    if (op->timer.timer_set) {
+        ngx_del_timer(&op->timer);
+    }
+
+    /* a graceful shutdown does not wait for it: see exit_process */
+
+    op->timer.cancelable = 1;
+    ngx_add_timer(&op->timer, node->conf->timeout);
+}
+
+
+void
+ngx_http_idempotency_redis_unhold(ngx_http_idempotency_redis_node_t *node,
+    const char *reason)
+{
+    ngx_queue_t                      *q, *next;
+    ngx_http_idempotency_redis_op_t  *op;
+
+    for (q = ngx_queue_head(&node->parked);
+         q != ngx_queue_sentinel(&node->parked);
+         q = next)
+    {
+        next = ngx_queue_next(q);
+        op = ngx_queue_data(q, ngx_http_idempotency_redis_op_t, queue);
+
+        if (!op->held) {
+            continue;
+        }
+
+        ngx_queue_remove(&op->queue);
+
+        op->info.error = reason;
+        op->info.reason = "the connection it waited for failed";
+        op->state = NGX_HTTP_IDEMPOTENCY_REDIS_OP_DOOMED;
+        ngx_queue_insert_tail(&node->doomed, &op->queue);
+
+        if (op->timer.timer_set) {
+            ngx_del_timer(&op->timer);
+        }
+
+        op->timer.cancelable = 0;
+        ngx_add_timer(&op->timer, 0);
+    }
+}
+
+
 /* takes a PARKED op out of the queue and the counters; its state is kept */
 
 void
@@ -226,6 +288,10 @@ static void
 ngx_http_idempotency_redis_uncount(ngx_http_idempotency_redis_op_t *op)
 {
     ngx_http_idempotency_redis_node_t  *node;
+
+    if (op->held) {
+        return;
+    }
 
     node = op->node;
 
@@ -291,8 +357,13 @@ ngx_http_idempotency_redis_give_up(ngx_http_idempotency_redis_op_t *op,
 
     node = op->node;
 
-    node->stats.given_up++;
-    ngx_http_idempotency_stat_inc(NGX_HTTP_IDEMPOTENCY_STAT_REDIS_GIVEN_UP);
+    /* a held op was never kept for a retry: its handler tells the rest */
+
+    if (!op->held) {
+        node->stats.given_up++;
+        ngx_http_idempotency_stat_inc(
+                                  NGX_HTTP_IDEMPOTENCY_STAT_REDIS_GIVEN_UP);
+    }
 
     if (op->state == NGX_HTTP_IDEMPOTENCY_REDIS_OP_PARKED) {
         ngx_http_idempotency_redis_unpark(op);
@@ -327,7 +398,10 @@ ngx_http_idempotency_redis_give_up(ngx_http_idempotency_redis_op_t *op,
     op->handler = NULL;
 
     if (handler) {
-        handler(op->data, NULL, NGX_HTTP_IDEMPOTENCY_REDIS_ERROR);
+        handler(op->data, NULL,
+                (op->held && op->info.attempts == 0)
+                ? NGX_HTTP_IDEMPOTENCY_REDIS_UNSENT
+                : NGX_HTTP_IDEMPOTENCY_REDIS_ERROR);
     }
 
     ngx_http_idempotency_redis_unkeep(op);

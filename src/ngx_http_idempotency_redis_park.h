@@ -23,6 +23,20 @@
 const char *ngx_http_idempotency_redis_park(
     ngx_http_idempotency_redis_op_t *op, const char *error, ngx_msec_t retry);
 
+/*
+ * A plain op made while its node's address is being asked (the sentinels,
+ * the resolver): it waits in node->parked, counted nowhere, for the
+ * connection to be ready (sent then) or for the command timeout (given up)
+ */
+void ngx_http_idempotency_redis_hold(ngx_http_idempotency_redis_op_t *op);
+
+/*
+ * The connect the held ops of the node waited for failed: each gives up,
+ * its handler called from a timer that runs at once
+ */
+void ngx_http_idempotency_redis_unhold(ngx_http_idempotency_redis_node_t *node,
+    const char *reason);
+
 /* park, or give up at once when the op cannot be kept */
 void ngx_http_idempotency_redis_retry_or_give_up(
     ngx_http_idempotency_redis_op_t *op, const char *error, ngx_msec_t retry);

@@ -21,6 +21,7 @@ use POSIX ();
 use Time::HiRes ();
 
 use lib 't/lib';
+use DelayProxy;
 use RedisTopology;
 
 plan skip_all => 'TEST_NGINX_LOAD_MODULES is not set (run via make test)'
@@ -53,9 +54,61 @@ unless ($topo->start) {
 my $nginx_pid;
 my $port = RedisTopology::free_port();
 
+my ($first_pid, $proxy_pid);
+
 $SIG{INT} = $SIG{TERM} = sub { stop_all(); exit 130 };
 
-start_nginx();
+
+# --- a worker's first requests, while it asks the sentinels ---------------
+
+# One worker whose only sentinel answers 1 s late (a proxy holds what
+# nginx sends it): requests that reach the worker meanwhile wait for the
+# master, as they would behind a connection's handshake, rather than get
+# a 503 (on every start and reload of nginx).  /none asks the same
+# sentinel for a master it does not know: its request waits for the
+# answer too, and gets the 503 then, not at its timeout= of a minute.
+{
+    my $sport;
+    ($proxy_pid, $sport) = DelayProxy::start($topo->{sentinel_ports}[0], 1);
+
+    my $fport = RedisTopology::free_port();
+    my $none = <<LOC;
+        location = /none {
+            idempotency on;
+            idempotency_redis 127.0.0.1:$sport sentinel=nosuch
+                              sentinel_password=sentinel-secret
+                              timeout=60s connect_timeout=2s prefix=$Prefix;
+            add_header X-Idempotency-Status \$idempotency_status always;
+            proxy_pass http://127.0.0.1:$fport/backend;
+        }
+LOC
+    $first_pid = start_nginx("$dir/first", $fport, 1, [$sport],
+                             'timeout=3s connect_timeout=2s', $none);
+
+    my $t = Time::HiRes::time();
+    my @s = (send_post('first-1', $fport, '/t'),
+             send_post('none-1', $fport, '/none'));
+    my @r = (answer($s[0], 20), answer($s[1], 20));
+    my $took = Time::HiRes::time() - $t;
+
+    is("$r[0]{status} $r[0]{idem}", '201 MISS',
+       "a worker's first request, sent while it asks the sentinels, runs")
+        or diag(tail("$dir/first/logs/error.log"));
+    is("$r[1]{status} $r[1]{idem}", '503 ERROR',
+       'one for a master the sentinels do not know gets the 503 once they '
+       . 'answered')
+        or diag(tail("$dir/first/logs/error.log"));
+    note sprintf 'answered after %.2f s (the sentinel answers 1 s late)',
+                 $took;
+
+    stop_nginx($first_pid);
+    undef $first_pid;
+    DelayProxy::stop($proxy_pid);
+    undef $proxy_pid;
+}
+
+$nginx_pid = start_nginx("$dir/nginx", $port, 2, $topo->{sentinel_ports},
+                         'timeout=500ms connect_timeout=300ms');
 
 my $exec_log = "$dir/nginx/logs/exec.log";
 my %first;      # key => first 2xx answer { status, body }
@@ -77,13 +130,16 @@ is($r2->{body}, $r1->{body}, 'with the same body');
 my $master = $topo->{master_port};
 ok(record_on($master, 'before-1'), 'the record is on the master');
 
+my @odd;
 for my $i (2 .. 20) {
     my $r = post("before-$i");
     $first{"before-$i"} = $r if $r->{status} == 201;
+    push @odd, "before-$i: $r->{status} $r->{idem}" if $r->{status} != 201;
 }
 $first{'before-1'} = $r1;
 
-is(scalar(grep { /^before-/ } keys %first), 20, 'twenty keys stored');
+is(scalar(grep { /^before-/ } keys %first), 20, 'twenty keys stored')
+    or diag(join("\n", @odd) . "\n" . tail("$dir/nginx/logs/error.log"));
 is(replicated($master), 1, 'and replicated (WAIT 1)');
 
 
@@ -308,26 +364,43 @@ sub replicated {
     return $ok =~ /^\+OK/ && $n =~ /^:(\d+)/ ? $1 : -1;
 }
 
+# post(KEY [, PORT]): a POST to /t, its answer { status, idem, body }
 sub post {
-    my ($key) = @_;
+    my ($key, $to) = @_;
+    return answer(send_post($key, $to, '/t'), 5);
+}
 
-    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port,
-                                  Timeout => 5)
-        or return { status => 0, idem => '', body => '' };
+# the request sent, its socket (or undef)
+sub send_post {
+    my ($key, $to, $path) = @_;
 
-    print $s "POST /t HTTP/1.1\r\nHost: localhost\r\n"
+    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1',
+                                  PeerPort => $to // $port, Timeout => 5)
+        or return undef;
+
+    print $s "POST $path HTTP/1.1\r\nHost: localhost\r\n"
              . "Idempotency-Key: $key\r\nContent-Length: 1\r\n"
              . "Connection: close\r\n\r\nx";
+
+    return $s;
+}
+
+# answer(SOCKET, SECONDS): what came back within that time
+sub answer {
+    my ($s, $seconds) = @_;
+
+    return { status => 0, idem => '', body => '' } unless $s;
 
     my $resp = '';
     eval {
         local $SIG{ALRM} = sub { die "timeout\n" };
-        alarm(5);
+        alarm($seconds);
         local $/;
         $resp = <$s> // '';
         alarm(0);
     };
     alarm(0);
+    close $s;
 
     my ($head, $body) = split /\r\n\r\n/, $resp, 2;
     my ($status) = ($head // '') =~ m{^HTTP/1\.\d (\d+)};
@@ -348,17 +421,21 @@ sub wait_for {
     return 0;
 }
 
+# start_nginx(PREFIX, PORT, WORKERS, [SENTINEL PORTS], TIMEOUTS[, MORE]):
+# its pid; MORE: locations added to the server
 sub start_nginx {
-    my $prefix = "$dir/nginx";
+    my ($prefix, $listen, $workers, $sentinels, $timeouts, $more) = @_;
+    my $pid;
+
     File::Path::make_path("$prefix/conf", "$prefix/logs");
 
-    my $s = join ' ', map { "127.0.0.1:$_" } @{ $topo->{sentinel_ports} };
+    my $s = join ' ', map { "127.0.0.1:$_" } @$sentinels;
 
     RedisTopology::write_file("$prefix/conf/nginx.conf", <<CONF);
 load_module $ENV{TEST_NGINX_LOAD_MODULES};
 daemon off;
 master_process on;
-worker_processes 2;
+worker_processes $workers;
 error_log logs/error.log info;
 pid logs/nginx.pid;
 
@@ -373,17 +450,18 @@ http {
     # the test clients send no credentials: "test:" is their shared scope
     idempotency_scope "test:\$http_authorization";
     idempotency_redis $s sentinel=$Name sentinel_password=sentinel-secret
-                      timeout=500ms connect_timeout=300ms prefix=$Prefix;
+                      $timeouts prefix=$Prefix;
 
     server {
-        listen 127.0.0.1:$port;
+        listen 127.0.0.1:$listen;
 
         location = /t {
             idempotency on;
             add_header X-Idempotency-Status \$idempotency_status always;
-            proxy_pass http://127.0.0.1:$port/backend;
+            proxy_pass http://127.0.0.1:$listen/backend;
         }
 
+@{[ $more // '' ]}
         location = /backend {
             access_log logs/exec.log exec;
             return 201 "ran \$request_id\\n";
@@ -392,33 +470,45 @@ http {
 }
 CONF
 
-    $nginx_pid = fork();
-    die "fork: $!" unless defined $nginx_pid;
+    $pid = fork();
+    die "fork: $!" unless defined $pid;
 
-    if ($nginx_pid == 0) {
+    if ($pid == 0) {
         open STDERR, '>>', "$prefix/logs/stderr.log";
         exec $Nginx, '-p', "$prefix/", '-c', 'conf/nginx.conf'
             or POSIX::_exit(127);
     }
 
-    wait_for(10, sub { RedisTopology::port_open($port) })
+    wait_for(10, sub { RedisTopology::port_open($listen) })
         or BAIL_OUT('nginx did not start: ' . tail("$prefix/logs/stderr.log")
                     . tail("$prefix/logs/error.log"));
+
+    return $pid;
+}
+
+sub stop_nginx {
+    my ($pid) = @_;
+
+    kill 'QUIT', $pid;
+
+    for (1 .. 100) {
+        last if waitpid($pid, POSIX::WNOHANG()) != 0;
+        Time::HiRes::sleep(0.05);
+        kill 'KILL', $pid if $_ == 100;
+    }
+
+    waitpid($pid, 0);
 }
 
 sub stop_all {
-    if ($nginx_pid) {
-        kill 'QUIT', $nginx_pid;
-
-        for (1 .. 100) {
-            last if waitpid($nginx_pid, POSIX::WNOHANG()) != 0;
-            Time::HiRes::sleep(0.05);
-            kill 'KILL', $nginx_pid if $_ == 100;
-        }
-
-        waitpid($nginx_pid, 0);
-        undef $nginx_pid;
+    for my $pid ($nginx_pid, $first_pid) {
+        stop_nginx($pid) if $pid;
     }
+
+    undef $nginx_pid;
+    undef $first_pid;
+    DelayProxy::stop($proxy_pid) if $proxy_pid;
+    undef $proxy_pid;
 
     $topo->stop if $topo;
 }

@@ -41,6 +41,9 @@ sub start {
         return ($pid, $port);
     }
 
+    # the test's own handlers (its cleanup on TERM, say) are not ours
+    $SIG{$_} = 'DEFAULT' for qw(INT TERM HUP);
+
     my $sel = IO::Select->new($l);
     my (%peer, %delayed, @queue);
     my $mute = 0;
