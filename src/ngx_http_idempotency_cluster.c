@@ -96,6 +96,9 @@ static ngx_http_idempotency_redis_node_t *
     ngx_http_idempotency_cluster_listener(
     ngx_http_idempotency_redis_conf_t *rcf,
     ngx_http_idempotency_redis_node_t *current);
+static ngx_http_idempotency_redis_node_t *
+    ngx_http_idempotency_cluster_node_at(
+    ngx_http_idempotency_redis_conf_t *rcf, ngx_uint_t i);
 
 
 const ngx_http_idempotency_redis_topology_t
@@ -106,7 +109,8 @@ const ngx_http_idempotency_redis_topology_t
     ngx_http_idempotency_cluster_owner,
     ngx_http_idempotency_cluster_redirect,
     ngx_http_idempotency_redis_demoted,
-    ngx_http_idempotency_cluster_listener
+    ngx_http_idempotency_cluster_listener,
+    ngx_http_idempotency_cluster_node_at
 };
 
 
@@ -819,4 +823,25 @@ invalid:
                   ngx_http_idempotency_redis_node_name(from));
 
     return NGX_ERROR;
+}
+
+
+/* every node the worker keeps a connection to: the seeds, then the map's */
+
+static ngx_http_idempotency_redis_node_t *
+ngx_http_idempotency_cluster_node_at(ngx_http_idempotency_redis_conf_t *rcf,
+    ngx_uint_t i)
+{
+    ngx_http_idempotency_cluster_t       *cl;
+    ngx_http_idempotency_cluster_node_t  *cn;
+
+    cl = rcf->cluster;
+
+    if (cl == NULL || i >= cl->nodes.nelts) {
+        return NULL;
+    }
+
+    cn = cl->nodes.elts;
+
+    return cn[i].node;
 }

@@ -412,13 +412,16 @@ ngx_http_idempotency_redis_connections(ngx_array_t *redis,
 
     for (i = 0; i < redis->nelts; i++) {
 
-        for (j = 0; j < 2; j++) {
-            node = j ? rcfp[i]->bulk : rcfp[i]->node;
+        if (rcfp[i]->topology == NULL
+            || rcfp[i]->topology->node_at == NULL)
+        {
+            continue;
+        }
 
-            if (node == NULL) {
-                continue;
-            }
-
+        for (j = 0;
+             (node = rcfp[i]->topology->node_at(rcfp[i], j)) != NULL;
+             j++)
+        {
             if (count < n) {
                 out[count].name = &node->name;
                 out[count].bulk = node->bulk;

@@ -23,6 +23,9 @@ static ngx_http_idempotency_redis_node_t *ngx_http_idempotency_redis_first(
 static ngx_http_idempotency_redis_node_t *
     ngx_http_idempotency_redis_master(ngx_http_idempotency_redis_conf_t *rcf,
     ngx_http_idempotency_redis_node_t *current);
+static ngx_http_idempotency_redis_node_t *
+    ngx_http_idempotency_redis_node_at(ngx_http_idempotency_redis_conf_t *rcf,
+    ngx_uint_t i);
 
 static ngx_int_t ngx_http_idempotency_redis_sentinel_init(ngx_cycle_t *cycle,
     ngx_http_idempotency_redis_conf_t *rcf);
@@ -45,7 +48,8 @@ const ngx_http_idempotency_redis_topology_t
     NULL,
     NULL,
     ngx_http_idempotency_redis_demoted,
-    ngx_http_idempotency_redis_master
+    ngx_http_idempotency_redis_master,
+    ngx_http_idempotency_redis_node_at
 };
 
 
@@ -57,7 +61,8 @@ const ngx_http_idempotency_redis_topology_t
     NULL,
     NULL,
     ngx_http_idempotency_redis_demoted,
-    ngx_http_idempotency_redis_master
+    ngx_http_idempotency_redis_master,
+    ngx_http_idempotency_redis_node_at
 };
 
 
@@ -221,6 +226,26 @@ ngx_http_idempotency_redis_first(ngx_http_idempotency_redis_conf_t *rcf,
     ngx_str_t *key)
 {
     return rcf->node;
+}
+
+
+/* a single server's (or the sentinels' master's) connections: two at most */
+
+static ngx_http_idempotency_redis_node_t *
+ngx_http_idempotency_redis_node_at(ngx_http_idempotency_redis_conf_t *rcf,
+    ngx_uint_t i)
+{
+    switch (i) {
+
+    case 0:
+        return rcf->node;
+
+    case 1:
+        return rcf->node ? rcf->bulk : NULL;
+
+    default:
+        return NULL;
+    }
 }
 
 

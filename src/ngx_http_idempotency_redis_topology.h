@@ -68,6 +68,14 @@ struct ngx_http_idempotency_redis_topology_s {
                                            *rcf,
                                            ngx_http_idempotency_redis_node_t
                                            *current);
+
+    /*
+     * This worker's nodes one by one, for the status: the one at "i" (0
+     * up), NULL past the last
+     */
+    ngx_http_idempotency_redis_node_t *(*node_at)(
+                                           ngx_http_idempotency_redis_conf_t
+                                           *rcf, ngx_uint_t i);
 };
 
 

@@ -3,7 +3,9 @@
 # with a replica each (t/lib/IdemCluster), one nginx: keys spread over the
 # shards are MISS, then HIT, and every master got WAITs; with the replica
 # of one master killed, the keys of that master's slots are refused (503)
-# and never reach the upstream, while the other shards go on.
+# and never reach the upstream, while the other shards go on.  The status
+# lists the worker's connection to each master with the master's eviction
+# policy (one of them evicts: allkeys-lru), which the log warns about.
 #
 # A plain Test::More file: every process is its own, stopped by its pid
 # (nginx by t/lib/Roads).  Run from the repository root (prove does).
@@ -28,6 +30,10 @@ my $cl = IdemCluster->start(3)
 
 my @replica = map { $cl->add_replica($_) } 0 .. 2;
 $cl->wait_ok(20) or BAIL_OUT('the cluster with replicas is not ok');
+
+# master 1 may evict keys with a TTL: the status and the log say so
+is($cl->cli(1, 'CONFIG', 'SET', 'maxmemory-policy', 'allkeys-lru'), 'OK',
+   'master 1 evicts (allkeys-lru)');
 
 my $dir = Roads::tempdir('t212', 1);    # kept when a test fails
 my $port = IdemTest::free_port();
@@ -64,6 +70,18 @@ for my $m (0 .. 2) {
     cmp_ok(wait_calls($m) - $waits0{$m}, '>', 0,
            "master $m got WAITs for its own writes");
 }
+
+# each master's connection in the status, with its eviction policy
+my $st = IdemTest::exchange($port, "GET /status HTTP/1.0\r\n\r\n");
+for my $m (0 .. 2) {
+    my $policy = $m == 1 ? 'allkeys-lru' : 'noeviction';
+    my $p = $cl->port($m);
+    like($st, qr/\{"pid": \d+, "redis": "127\.0\.0\.1:$p", "connection": "main", "ready": true[^}]*"maxmemory_policy": "$policy"\}/,
+         "status: the connection to master $m, its policy $policy");
+}
+like(Roads::slurp("$dir/nginx/logs/error.log"),
+     qr/"127\.0\.0\.1:@{[ $cl->port(1) ]}" has maxmemory-policy allkeys-lru: under memory pressure it may evict/,
+     'the evicting master is warned about, by its address');
 
 # the replica of master 0 dies: its shard refuses, the others go on
 
@@ -119,6 +137,10 @@ sub http_conf {
             idempotency_redis $seeds cluster prefix=$Prefix
                               wait_replicas=1 wait_timeout=300ms;
             proxy_pass http://127.0.0.1:$port/backend;
+        }
+
+        location = /status {
+            idempotency_status;
         }
 HTTP
 }
