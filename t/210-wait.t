@@ -6,7 +6,8 @@
 # t/lib/TinyDNS) and wait_aof.  Claims with the replica up are MISS,
 # HIT (a replay sends no WAIT), and one WAIT acknowledges many of them
 # (group commit); a store the replica does not acknowledge (SIGSTOP) is
-# sent again until it does; with the replica stopped a claim is refused
+# sent again until it does; a renewal it does not acknowledge is counted
+# and leaves the claim in place; with the replica stopped a claim is refused
 # (503) and never reaches the upstream;
 # wait_aof with the AOF off (and, on Redis 7.2 or newer, on); the eviction
 # policy warned about and shown.  nginx -t refuses bad option values.
@@ -37,7 +38,7 @@ my $Name = 'mymaster';
 my $dir = Roads::tempdir('t210', 1);    # kept when a test fails
 
 my $topo;
-my ($dns, $slow_pid, $slow);
+my ($dns, $slow_pid, $slow, $long_pid, $long);
 my $port = IdemTest::free_port();
 
 $SIG{INT} = $SIG{TERM} = sub { stop_all(); exit 130 };
@@ -86,6 +87,9 @@ $dns->set('redis.test' => '127.0.0.1');
 
 # the upstream 1 s away (/slow)
 ($slow_pid, $slow) = DelayProxy::start($port, 1);
+# the upstream 4 s away (/long; 24 s under valgrind, where each step is slow)
+my $Long = 4 * $IdemTest::Slow;
+($long_pid, $long) = DelayProxy::start($port, $Long);
 
 # a policy that may evict keys with a TTL (maxmemory 0: none is evicted)
 $topo->cli($master, 'CONFIG', 'SET', 'maxmemory-policy', 'volatile-lru');
@@ -170,6 +174,28 @@ ok(wait_for(5, sub {
        $topo->cli($replica, 'GET', record_key('resend-1')) =~ /^idem1 done /
    }), 'and the replica has it complete');
 is(exec_counts()->{'resend-1'}, 1, 'the operation ran once');
+
+
+# --- a renewal the replica does not acknowledge -----------------------------
+
+# the upstream answers $Long s late, the lock TTL is 3 s: the claim is renewed
+# every second; the replica stops once it has the claim, so a renewal is
+# short of its acknowledgement.  The claim stays, the request goes on.
+my $refused0 = short_count('claim_refused');
+$sock = WaitTest::send_post($port, '/long', 'renew-1');
+ok(wait_for(5, sub { record_on($replica, 'renew-1') }),
+   'a long request\'s claim reaches the replica');
+kill 'STOP', $topo->{pids}{$replica};
+ok(wait_for(10, sub { short_count('claim_refused') > $refused0 }),
+   'a renewal too few replicas acknowledged is counted (claim_refused)');
+is(post('/long', 'renew-1')->{status}, 409,
+   'a retry meanwhile gets 409: the claim was left in place');
+kill 'CONT', $topo->{pids}{$replica};
+like(WaitTest::answer($sock, 15 + $Long), qr{^HTTP/1\.1 201},
+     'the long request got its answer');
+ok(wait_for(10, sub { post('/long', 'renew-1')->{idem} eq 'HIT' }),
+   'its record is stored: a retry is replayed');
+is(exec_counts()->{'renew-1'}, 1, 'the operation ran once');
 
 
 # --- the replica down: claims refused, nothing runs -------------------------
@@ -258,6 +284,12 @@ sub status {
     return IdemTest::exchange($port, "GET /status HTTP/1.0\r\n\r\n");
 }
 
+# a member of the status' redis_wait_short
+sub short_count {
+    my ($name) = @_;
+    return status() =~ /"redis_wait_short": \{[^}]*"$name": (\d+)/ ? $1 : -1;
+}
+
 sub post {
     my ($loc, $key) = @_;
     return WaitTest::post($port, $loc, $key);
@@ -341,6 +373,16 @@ sub http_conf {
             proxy_pass http://127.0.0.1:$slow/backend;
         }
 
+        location = /long {
+            idempotency on;
+            idempotency_lock_ttl 3s;
+            idempotency_redis 127.0.0.1:$master prefix=$Prefix
+                              timeout=1s wait_replicas=1
+                              wait_timeout=300ms;
+            add_header X-Idempotency-Status \$idempotency_status always;
+            proxy_pass http://127.0.0.1:$long/backend;
+        }
+
         location = /status {
             idempotency_status;
         }
@@ -353,4 +395,6 @@ sub stop_all {
     $dns->stop if $dns;
     DelayProxy::stop($slow_pid) if $slow_pid;
     undef $slow_pid;
+    DelayProxy::stop($long_pid) if $long_pid;
+    undef $long_pid;
 }
