@@ -926,6 +926,32 @@ ngx_http_idempotency_status_conns_prometheus(u_char *p,
         }
     }
 
+    /* an info family: the policy is a label, 1 the value; unknown: none */
+
+    p = ngx_sprintf(p,
+            "# HELP " NGX_HTTP_IDEMPOTENCY_PREFIX "redis_maxmemory_policy "
+            "The eviction policy of the connection's server, read at its "
+            "handshake (volatile-* and allkeys-* may evict claims and "
+            "records).\n"
+            "# TYPE " NGX_HTTP_IDEMPOTENCY_PREFIX "redis_maxmemory_policy "
+            "gauge\n");
+
+    for (i = 0; i < n; i++) {
+        if (conns[i].policy.len == 0) {
+            continue;
+        }
+
+        p = ngx_sprintf(p, NGX_HTTP_IDEMPOTENCY_PREFIX "redis_maxmemory_policy"
+                        "{pid=\"%P\",redis=\"", ngx_pid);
+        p = (u_char *) ngx_escape_json(p, conns[i].name->data,
+                                       conns[i].name->len);
+        p = ngx_sprintf(p, "\",connection=\"%s\",policy=\"",
+                        conns[i].bulk ? "bulk" : "main");
+        p = (u_char *) ngx_escape_json(p, conns[i].policy.data,
+                                       conns[i].policy.len);
+        p = ngx_sprintf(p, "\"} 1\n");
+    }
+
     return p;
 }
 

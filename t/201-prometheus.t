@@ -147,6 +147,8 @@ is($status->{status}, 200, 'the status location answers');
 my $text = $status->{content} // '';
 like($text, qr/^nginx_idempotency_location_requests_total\{location="payments",outcome="MISS"\} 2$/m,
      'payments counts its own');
+like($text, qr/^nginx_idempotency_redis_maxmemory_policy\{pid="\d+",redis="[^"]+",connection="main",policy="noeviction"\} 1$/m,
+     'the eviction policy of the Redis connection');
 
 # promtool reads the exposition from its stdin
 open my $fh, '>', "$dir/status.txt" or die $!;
