@@ -554,8 +554,6 @@ ngx_http_idempotency_redis_failure(ngx_http_idempotency_redis_node_t *node,
         return;
     }
 
-    node->placing = 0;
-
     if (ngx_http_idempotency_redis_upcalls
         && ngx_http_idempotency_redis_upcalls->failed)
     {

@@ -196,13 +196,7 @@ ngx_http_idempotency_redis_op_retry(ngx_http_idempotency_redis_node_t *node,
 
     if (reason) {
         /* the handler is never called from inside this function */
-
-        op->info.reason = reason;
-        op->state = NGX_HTTP_IDEMPOTENCY_REDIS_OP_DOOMED;
-        ngx_queue_insert_tail(&node->doomed, &op->queue);
-
-        op->timer.cancelable = 0;
-        ngx_add_timer(&op->timer, 0);
+        ngx_http_idempotency_redis_doom(op, reason);
     }
 
     return op;
@@ -412,11 +406,7 @@ ngx_http_idempotency_redis_connections(ngx_array_t *redis,
 
     for (i = 0; i < redis->nelts; i++) {
 
-        if (rcfp[i]->topology == NULL
-            || rcfp[i]->topology->node_at == NULL)
-        {
-            continue;
-        }
+        /* every topology lists its nodes, a NULL after the last */
 
         for (j = 0;
              (node = rcfp[i]->topology->node_at(rcfp[i], j)) != NULL;

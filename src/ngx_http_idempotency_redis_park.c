@@ -226,11 +226,7 @@ ngx_http_idempotency_redis_hold(ngx_http_idempotency_redis_op_t *op)
                    "idempotency redis: \"%V\" op:%p waits for the address",
                    &node->name, op);
 
-    if (op->timer.timer_set) {
-        ngx_del_timer(&op->timer);
-    }
-
-    /* a graceful shutdown does not wait for it: see exit_process */
+    /* a new op, no timer yet; a graceful shutdown does not wait for it */
 
     op->timer.cancelable = 1;
     ngx_add_timer(&op->timer, node->conf->timeout);
@@ -257,18 +253,27 @@ ngx_http_idempotency_redis_unhold(ngx_http_idempotency_redis_node_t *node,
 
         ngx_queue_remove(&op->queue);
 
-        op->info.error = reason;
-        op->info.reason = "the connection it waited for failed";
-        op->state = NGX_HTTP_IDEMPOTENCY_REDIS_OP_DOOMED;
-        ngx_queue_insert_tail(&node->doomed, &op->queue);
-
         if (op->timer.timer_set) {
             ngx_del_timer(&op->timer);
         }
 
-        op->timer.cancelable = 0;
-        ngx_add_timer(&op->timer, 0);
+        op->info.error = reason;
+        ngx_http_idempotency_redis_doom(op,
+                                        "the connection it waited for failed");
     }
+}
+
+
+void
+ngx_http_idempotency_redis_doom(ngx_http_idempotency_redis_op_t *op,
+    const char *reason)
+{
+    op->info.reason = reason;
+    op->state = NGX_HTTP_IDEMPOTENCY_REDIS_OP_DOOMED;
+    ngx_queue_insert_tail(&op->node->doomed, &op->queue);
+
+    op->timer.cancelable = 0;
+    ngx_add_timer(&op->timer, 0);
 }
 
 

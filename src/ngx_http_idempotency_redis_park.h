@@ -37,6 +37,13 @@ void ngx_http_idempotency_redis_hold(ngx_http_idempotency_redis_op_t *op);
 void ngx_http_idempotency_redis_unhold(ngx_http_idempotency_redis_node_t *node,
     const char *reason);
 
+/*
+ * An op in no queue and with no timer is given up with "reason": its
+ * handler is called from a timer that runs at once, never from the caller
+ */
+void ngx_http_idempotency_redis_doom(ngx_http_idempotency_redis_op_t *op,
+    const char *reason);
+
 /* park, or give up at once when the op cannot be kept */
 void ngx_http_idempotency_redis_retry_or_give_up(
     ngx_http_idempotency_redis_op_t *op, const char *error, ngx_msec_t retry);

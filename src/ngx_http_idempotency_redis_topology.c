@@ -241,7 +241,7 @@ ngx_http_idempotency_redis_node_at(ngx_http_idempotency_redis_conf_t *rcf,
         return rcf->node;
 
     case 1:
-        return rcf->node ? rcf->bulk : NULL;
+        return rcf->bulk;
 
     default:
         return NULL;

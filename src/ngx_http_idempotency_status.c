@@ -49,6 +49,8 @@ static u_char *ngx_http_idempotency_status_conns_json(u_char *p,
     ngx_http_idempotency_redis_conn_t *conns, ngx_uint_t n);
 static u_char *ngx_http_idempotency_status_conns_prometheus(u_char *p,
     ngx_http_idempotency_redis_conn_t *conns, ngx_uint_t n);
+static u_char *ngx_http_idempotency_status_conn_series(u_char *p,
+    const char *name, ngx_http_idempotency_redis_conn_t *conn);
 static u_char *ngx_http_idempotency_status_histogram_json(u_char *p,
     const char *head, ngx_atomic_t *bucket, ngx_atomic_uint_t sum);
 static u_char *ngx_http_idempotency_status_histogram_prometheus(u_char *p,
@@ -917,12 +919,9 @@ ngx_http_idempotency_status_conns_prometheus(u_char *p,
                 break;
             }
 
-            p = ngx_sprintf(p, NGX_HTTP_IDEMPOTENCY_PREFIX "%s{pid=\"%P\","
-                            "redis=\"", family[3 * k], ngx_pid);
-            p = (u_char *) ngx_escape_json(p, conns[i].name->data,
-                                           conns[i].name->len);
-            p = ngx_sprintf(p, "\",connection=\"%s\"} %uL\n",
-                            conns[i].bulk ? "bulk" : "main", v);
+            p = ngx_http_idempotency_status_conn_series(p, family[3 * k],
+                                                        &conns[i]);
+            p = ngx_sprintf(p, "} %uL\n", v);
         }
     }
 
@@ -941,18 +940,31 @@ ngx_http_idempotency_status_conns_prometheus(u_char *p,
             continue;
         }
 
-        p = ngx_sprintf(p, NGX_HTTP_IDEMPOTENCY_PREFIX "redis_maxmemory_policy"
-                        "{pid=\"%P\",redis=\"", ngx_pid);
-        p = (u_char *) ngx_escape_json(p, conns[i].name->data,
-                                       conns[i].name->len);
-        p = ngx_sprintf(p, "\",connection=\"%s\",policy=\"",
-                        conns[i].bulk ? "bulk" : "main");
+        p = ngx_http_idempotency_status_conn_series(p,
+                                                    "redis_maxmemory_policy",
+                                                    &conns[i]);
+        p = ngx_sprintf(p, ",policy=\"");
         p = (u_char *) ngx_escape_json(p, conns[i].policy.data,
                                        conns[i].policy.len);
         p = ngx_sprintf(p, "\"} 1\n");
     }
 
     return p;
+}
+
+
+/* a connection's series up to its labels' end: 'name{pid=..,connection=..' */
+
+static u_char *
+ngx_http_idempotency_status_conn_series(u_char *p, const char *name,
+    ngx_http_idempotency_redis_conn_t *conn)
+{
+    p = ngx_sprintf(p, NGX_HTTP_IDEMPOTENCY_PREFIX "%s{pid=\"%P\",redis=\"",
+                    name, ngx_pid);
+    p = (u_char *) ngx_escape_json(p, conn->name->data, conn->name->len);
+
+    return ngx_sprintf(p, "\",connection=\"%s\"",
+                       conn->bulk ? "bulk" : "main");
 }
 
 
